@@ -1,0 +1,156 @@
+"""KV-cache block accounting with prefix caching. No torch.
+
+The cache is `num_blocks` blocks of `block_size` token slots. A full block is
+identified by a chain hash (its tokens and the hash of the block before it),
+so two requests that share a prefix share its blocks, whatever their tier.
+Blocks whose last user finished keep their contents and stay findable until
+the space is needed (LRU eviction); they count as free.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+from fastmode.engine.sequence import Sequence
+
+
+def _chain_hash(parent: int, tokens: tuple[int, ...]) -> int:
+    return hash((parent, tokens))
+
+
+class BlockManager:
+    """Invariants: every block is in exactly one of {in use (ref > 0), free list,
+    evictable cache}; `num_free_blocks` returns to `num_blocks` once every
+    sequence is freed."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_count = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.free_ids: deque[int] = deque(range(num_blocks))
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # ref 0 but cached; oldest first
+        self.hash_to_block: dict[int, int] = {}
+        self.num_prefix_queries = 0  # blocks looked up
+        self.num_prefix_hits = 0  # blocks found
+
+    # -- capacity ----------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids) + len(self.evictable)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
+        return max(0, self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table))
+
+    # -- prefix cache ------------------------------------------------------
+    def _prefix_hits(self, seq: Sequence) -> list[int]:
+        """Cached blocks holding a prefix of `seq`. The last token is never
+        taken from the cache: its logits are needed, so it must be computed."""
+        if not self.enable_prefix_caching:
+            return []
+        hits, parent = [], 0
+        for i in range((len(seq) - 1) // self.block_size):
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            parent = _chain_hash(parent, tokens)
+            block = self.hash_to_block.get(parent)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def can_admit(self, seq: Sequence, num_new_tokens: int) -> tuple[bool, int]:
+        """Whether `seq` (holding no blocks) fits with its first chunk; and how
+        many of its tokens the prefix cache would serve."""
+        assert not seq.block_table
+        hits = self._prefix_hits(seq)
+        cached_tokens = len(hits) * self.block_size
+        # Admission always schedules at least one token beyond the cached prefix.
+        needed = self.blocks_for(cached_tokens + max(1, min(num_new_tokens, len(seq) - cached_tokens))) - len(hits)
+        revived = sum(1 for b in hits if self.ref_count[b] == 0)  # taken out of the free pool
+        return self.num_free_blocks - revived >= needed, cached_tokens
+
+    def admit(self, seq: Sequence) -> int:
+        """Attach the cached prefix to `seq`; returns the number of cached tokens."""
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        hits = self._prefix_hits(seq)
+        self.num_prefix_queries += max(0, (len(seq) - 1) // self.block_size)
+        self.num_prefix_hits += len(hits)
+        for b in hits:
+            if self.ref_count[b] == 0:
+                del self.evictable[b]
+            self.ref_count[b] += 1
+            seq.block_table.append(b)
+            seq.block_hashes.append(self.block_hash[b])
+        seq.num_computed_tokens = len(hits) * self.block_size
+        return seq.num_computed_tokens
+
+    # -- allocation --------------------------------------------------------
+    def can_allocate(self, num_blocks: int) -> bool:
+        return self.num_free_blocks >= num_blocks
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Give `seq` room for `num_new_tokens` more tokens; all or nothing."""
+        n = self.num_new_blocks(seq, num_new_tokens)
+        if n > self.num_free_blocks:
+            return False
+        for _ in range(n):
+            seq.block_table.append(self._take_block())
+        return True
+
+    def _take_block(self) -> int:
+        if self.free_ids:
+            b = self.free_ids.popleft()
+        else:  # evict the least recently released cached block
+            b, _ = self.evictable.popitem(last=False)
+            del self.hash_to_block[self.block_hash[b]]
+            self.block_hash[b] = None
+        self.ref_count[b] = 1
+        return b
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the full, computed blocks of `seq` in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        parent = seq.block_hashes[-1] if seq.block_hashes else 0
+        for i in range(len(seq.block_hashes), num_full):
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            parent = _chain_hash(parent, tokens)
+            seq.block_hashes.append(parent)
+            b = seq.block_table[i]
+            if parent not in self.hash_to_block and self.block_hash[b] is None:
+                self.hash_to_block[parent] = b
+                self.block_hash[b] = parent
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Drop blocks past what `num_tokens` tokens need (speculative rollback)."""
+        keep = self.blocks_for(num_tokens)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
+        del seq.block_hashes[num_tokens // self.block_size :]
+
+    def free(self, seq: Sequence) -> None:
+        # Release in reverse so a prefix's tail is evicted before its head.
+        for b in reversed(seq.block_table):
+            self._release(b)
+        seq.block_table = []
+        seq.block_hashes = []
+
+    def _release(self, b: int) -> None:
+        self.ref_count[b] -= 1
+        assert self.ref_count[b] >= 0, f"block {b} released twice"
+        if self.ref_count[b] == 0:
+            if self.block_hash[b] is not None:
+                self.evictable[b] = None
+            else:
+                self.free_ids.append(b)

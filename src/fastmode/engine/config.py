@@ -1,0 +1,48 @@
+"""Engine configuration: one frozen dataclass; the CLI flags are generated from its fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from fastmode.engine.scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # None = the embedded default model
+    dtype: str = "bfloat16"
+    kv_cache_gib: float = 1.0  # KV cache size; sets the number of blocks
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    fast_lane_max_batch: int | None = 4
+    aging_s: float | None = 60.0
+    max_model_len: int | None = None  # None = the model's own context length
+    enable_prefix_caching: bool = True
+    usd_per_machine_hour: float = 1.0  # what one machine-hour of this engine costs
+    num_threads: int | None = None  # torch intra-op threads; None = torch's default
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("bfloat16", "float32", "bf16", "fp32"):
+            raise ValueError(f"dtype must be bfloat16 or float32, got {self.dtype!r}")
+        if self.kv_cache_gib <= 0:
+            raise ValueError("kv_cache_gib must be > 0")
+        if self.usd_per_machine_hour < 0:
+            raise ValueError("usd_per_machine_hour must be >= 0")
+
+    def scheduler_config(self, kv_bytes_per_token: int, model_max_len: int) -> SchedulerConfig:
+        num_blocks = int(self.kv_cache_gib * 2**30 // (kv_bytes_per_token * self.block_size))
+        return SchedulerConfig(
+            num_blocks=max(1, num_blocks),
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            fast_lane_max_batch=self.fast_lane_max_batch,
+            aging_s=self.aging_s,
+            max_model_len=min(self.max_model_len or model_max_len, model_max_len),
+            enable_prefix_caching=self.enable_prefix_caching,
+        )
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

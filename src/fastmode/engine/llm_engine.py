@@ -1,0 +1,155 @@
+"""The synchronous engine: add requests, call `step()`, read outputs.
+
+One step = schedule -> execute on the model -> update the scheduler ->
+detokenize -> meter. Everything async (the server) wraps this loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from fastmode.engine.config import EngineConfig
+from fastmode.engine.detokenizer import IncrementalDetokenizer
+from fastmode.engine.metering import RequestMetrics, attribute_step, request_metrics
+from fastmode.engine.model_runner import ModelRunner
+from fastmode.engine.scheduler import Scheduler
+from fastmode.engine.sequence import FinishReason, Sequence
+from fastmode.engine.tiers import Tier
+from fastmode.loader import LoadedModel, load_model
+from fastmode.sampling_params import SamplingParams
+
+
+@dataclass
+class RequestOutput:
+    """A request's state after a step. `delta_*` is what this step added."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    delta_text: str
+    delta_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    tier: str
+    metrics: RequestMetrics | None = None
+
+
+@dataclass
+class _Tracked:
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    num_sent_tokens: int = 0
+    pending: list[int] = field(default_factory=list)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig = EngineConfig(), loaded: LoadedModel | None = None):
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.loaded = loaded or load_model(config.model, config.dtype)
+        self.tokenizer = self.loaded.tokenizer
+        mcfg = self.loaded.config
+        dtype_bytes = torch.finfo(self.loaded.dtype).bits // 8
+        self.scheduler_config = config.scheduler_config(mcfg.kv_bytes_per_token(dtype_bytes), mcfg.max_position_embeddings)
+        self.scheduler = Scheduler(self.scheduler_config, self.tokenizer.eos_token_ids)
+        self.runner = ModelRunner(
+            self.loaded.model, self.scheduler_config.num_blocks, self.scheduler_config.block_size, self.loaded.dtype
+        )
+        self._tracked: dict[str, _Tracked] = {}
+        self._ids = itertools.count()
+        self.clock = time.monotonic
+        self.num_steps = 0
+        self.busy_s = 0.0  # wall time spent in steps
+
+    @property
+    def model_name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler_config.max_model_len
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        tier: Tier | str = Tier.STANDARD,
+        request_id: str | None = None,
+    ) -> str:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("prompt is empty")
+        vocab = self.loaded.config.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        rid = request_id or f"req-{next(self._ids)}"
+        seq = Sequence(rid, ids, params, Tier.parse(tier), arrival_time_s=self.clock())
+        self.scheduler.add(seq)  # validates length; raises ValueError
+        self._tracked[rid] = _Tracked(seq, IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output))
+        return rid
+
+    def abort(self, request_id: str) -> bool:
+        ok = self.scheduler.abort(request_id, self.clock())
+        if request_id in self._tracked:
+            self._tracked.pop(request_id)
+            self.runner.release(request_id)
+        return ok
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule(self.clock())
+        if out.is_empty:
+            return []
+        t0 = time.perf_counter()
+        try:
+            sampled = self.runner.execute(out)
+        except Exception:
+            # A failed step must not strand requests: fail them and free their KV.
+            now = self.clock()
+            for s in out.scheduled:
+                self.scheduler.finish(s.seq, FinishReason.ERROR, now)
+            raise
+        step_s = time.perf_counter() - t0
+        self.num_steps += 1
+        self.busy_s += step_s
+        attribute_step(out, step_s)
+        touched = self.scheduler.update_from_output(out, sampled, self.clock())
+        return [o for seq in touched if (o := self._output(seq)) is not None]
+
+    def _output(self, seq: Sequence) -> RequestOutput | None:
+        tr = self._tracked.get(seq.request_id)
+        if tr is None:
+            return None
+        out_ids = seq.output_token_ids
+        tr.detok.add(out_ids)
+        if tr.detok.stopped and not seq.is_finished:
+            self.scheduler.finish(seq, FinishReason.STOP, self.clock())
+        finished = seq.is_finished
+        delta_text = tr.detok.take_delta(finished)
+        delta_ids = out_ids[tr.num_sent_tokens :]
+        tr.num_sent_tokens = len(out_ids)
+        metrics = None
+        if finished:
+            self._tracked.pop(seq.request_id, None)
+            self.runner.release(seq.request_id)
+            metrics = request_metrics(seq, self.config.usd_per_machine_hour)
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            token_ids=list(out_ids),
+            text=tr.detok.text,
+            delta_text=delta_text,
+            delta_token_ids=delta_ids,
+            finished=finished,
+            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+            tier=seq.tier.value,
+            metrics=metrics,
+        )

@@ -1,0 +1,139 @@
+"""Executes a SchedulerOutput on the model: builds the flat batch, runs it, samples.
+
+The runner decides nothing: which sequences and how many tokens come from the
+scheduler. It owns the KV cache tensors (one K and one V tensor per layer) and
+the per-request random generators.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fastmode.engine.sampler import make_generator, probs_from_logits, sample_row
+from fastmode.engine.scheduler import ScheduledSeq, SchedulerOutput
+from fastmode.models.attention_batch import AttentionBatch, PrefillSpan
+from fastmode.models.llama import LlamaModel
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, dtype: torch.dtype):
+        cfg = model.cfg
+        self.model = model
+        self.block_size = block_size
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
+        self.generators: dict[str, torch.Generator] = {}
+
+    def release(self, request_id: str) -> None:
+        self.generators.pop(request_id, None)
+
+    def _slots(self, block_table: list[int], start: int, n: int) -> list[int]:
+        bs = self.block_size
+        return [block_table[p // bs] * bs + p % bs for p in range(start, start + n)]
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> dict[str, list[int]]:
+        """Run one step; returns request id -> accepted drafts + one new token
+        (empty for a prompt chunk that does not reach the end of the prompt)."""
+        spans = [s for s in out.scheduled if s.num_tokens > 1]
+        decodes = [s for s in out.scheduled if s.num_tokens == 1]
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        prefill_spans: list[PrefillSpan] = []
+        logit_rows: list[int] = []
+        row_owner: list[tuple[ScheduledSeq, int]] = []  # (scheduled seq, number of logit rows)
+
+        for s in spans:
+            seq, start = s.seq, s.seq.num_computed_tokens
+            toks = (seq.token_ids + seq.draft_token_ids)[start : start + s.num_tokens]
+            first = len(input_ids)
+            input_ids += toks
+            positions += range(start, start + s.num_tokens)
+            slots += self._slots(seq.block_table, start, s.num_tokens)
+            ctx = start + s.num_tokens
+            mask = None
+            if start > 0:  # prior context: query i (position start+i) sees keys 0..start+i
+                q_pos = torch.arange(start, ctx).unsqueeze(1)
+                mask = torch.arange(ctx).unsqueeze(0) <= q_pos
+            prefill_spans.append(PrefillSpan(first, len(input_ids), ctx, torch.tensor(seq.block_table), mask))
+            if s.samples:
+                k = s.num_draft_tokens + 1  # verify every draft, plus the token after them
+                logit_rows += range(len(input_ids) - k, len(input_ids))
+                row_owner.append((s, k))
+        num_prefill = len(input_ids)
+
+        batch = AttentionBatch(slot_mapping=torch.empty(0), prefill_spans=prefill_spans, num_prefill_tokens=num_prefill)
+        if decodes:
+            max_blocks = max(len(s.seq.block_table) for s in decodes)
+            tables = torch.zeros(len(decodes), max_blocks, dtype=torch.long)
+            ctx_lens = []
+            for i, s in enumerate(decodes):
+                seq, start = s.seq, s.seq.num_computed_tokens
+                tables[i, : len(seq.block_table)] = torch.tensor(seq.block_table)
+                input_ids.append(seq.token_ids[start])
+                positions.append(start)
+                slots += self._slots(seq.block_table, start, 1)
+                ctx_lens.append(start + 1)
+                logit_rows.append(len(input_ids) - 1)
+                row_owner.append((s, 1))
+            t = max_blocks * self.block_size
+            valid = torch.arange(t).unsqueeze(0) < torch.tensor(ctx_lens).unsqueeze(1)  # (B, T)
+            mask = torch.zeros(len(decodes), 1, 1, t).masked_fill(~valid[:, None, None, :], float("-inf"))
+            batch.decode_block_tables, batch.decode_mask = tables, mask
+        batch.slot_mapping = torch.tensor(slots, dtype=torch.long)
+
+        logits = self.model(
+            torch.tensor(input_ids, dtype=torch.long),
+            torch.tensor(positions, dtype=torch.long),
+            batch,
+            self.kv_caches,
+            torch.tensor(logit_rows, dtype=torch.long),
+        )
+        return self._sample(logits, row_owner)
+
+    def _sample(self, logits: torch.Tensor, row_owner: list[tuple[ScheduledSeq, int]]) -> dict[str, list[int]]:
+        result: dict[str, list[int]] = {}
+        row = 0
+        for s, k in row_owner:
+            seq = s.seq
+            rows = logits[row : row + k]
+            row += k
+            p = seq.params
+            gen = None
+            if not p.greedy:
+                gen = self.generators.get(seq.request_id)
+                if gen is None:
+                    gen = self.generators[seq.request_id] = make_generator(p.seed)
+            if k == 1:
+                result[seq.request_id] = [sample_row(rows[0], p, gen)]
+            else:
+                result[seq.request_id] = self._verify(rows, s.seq.draft_token_ids[: k - 1], p, gen)
+        return result
+
+    def _verify(self, rows: torch.Tensor, drafts: list[int], p, gen) -> list[int]:
+        """Accept a prefix of the drafts; always return at least one new token.
+
+        Greedy: accept while the draft equals the target's argmax.
+        Sampling (drafts proposed deterministically, i.e. q is a point mass):
+        accept draft x with probability p(x); on rejection sample from p with x
+        removed and renormalised -- the rejection-sampling rule of Leviathan et
+        al. for a one-hot q, which preserves the target distribution exactly.
+        """
+        accepted: list[int] = []
+        for i, d in enumerate(drafts):
+            if p.greedy:
+                t = int(torch.argmax(rows[i]))
+                if t != d:
+                    return accepted + [t]
+                accepted.append(d)
+                continue
+            probs = probs_from_logits(rows[i], p)
+            u = torch.rand((), generator=gen)
+            if u < probs[d]:
+                accepted.append(d)
+                continue
+            residual = probs.clone()
+            residual[d] = 0.0
+            return accepted + [int(torch.multinomial(residual / residual.sum(), 1, generator=gen))]
+        return accepted + [sample_row(rows[len(drafts)], p, gen)]

@@ -1,0 +1,284 @@
+"""The scheduler: which sequences run this step, how many tokens each. No torch.
+
+Contract (after vLLM v1): `schedule(now_s)` returns a `SchedulerOutput` whose
+`num_scheduled_tokens` maps request id -> tokens to compute this step (a
+prefill chunk, one decode token, or one token plus speculative drafts);
+`update_from_output(output, sampled, now_s)` closes the loop with the tokens
+the runner produced. The simulator drives this same class with a cost model.
+
+The fast lane: while any fast request is resident or waiting, at most
+`fast_lane_max_batch` sequences share a step. Fast sequences are served
+first; the remaining slots rotate among lower-tier sequences (least recently
+served first), the rest are *paused*: they keep their KV and lose only time.
+When memory runs out, the lowest-priority, most recently arrived resident
+sequence is *preempted*: its KV is freed and it returns to the waiting queue
+at its original arrival time, to be recomputed later. See docs/fast-lane.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastmode.engine.block_manager import BlockManager
+from fastmode.engine.sequence import FinishReason, Sequence, Status
+from fastmode.engine.tiers import Tier
+from fastmode.engine.waiting_queue import TieredQueue
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    num_blocks: int = 2048
+    block_size: int = 16
+    max_num_seqs: int = 64  # resident sequences (holding KV) at once
+    max_num_batched_tokens: int = 512  # per step: bounds prefill chunks, so decodes never stall long
+    fast_lane_max_batch: int | None = 4  # sequences per step while fast work exists; None = no lane
+    aging_s: float | None = 60.0  # waiting this long promotes a request one tier for admission
+    max_model_len: int = 8192
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.fast_lane_max_batch is not None and self.fast_lane_max_batch < 1:
+            raise ValueError("fast_lane_max_batch must be >= 1 (or None to disable the lane)")
+        if self.aging_s is not None and self.aging_s <= 0:
+            raise ValueError("aging_s must be > 0 (or None to disable aging)")
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int  # tokens whose KV this step computes
+    num_draft_tokens: int = 0  # of which speculative drafts (appended after the real tokens)
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step ends at the sequence's frontier, so a next token is sampled."""
+        return self.seq.num_computed_tokens + self.num_tokens - self.num_draft_tokens == len(self.seq)
+
+
+@dataclass
+class SchedulerOutput:
+    step: int
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    paused: list[Sequence] = field(default_factory=list)  # resident but skipped this step
+    preempted: list[Sequence] = field(default_factory=list)
+    lane_active: bool = False
+
+    @property
+    def num_scheduled_tokens(self) -> dict[str, int]:
+        return {s.seq.request_id: s.num_tokens for s in self.scheduled}
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+def _priority_key(seq: Sequence) -> tuple[int, float]:
+    """Larger = less important: lower tier, then later arrival (victim order)."""
+    return (seq.tier.rank, seq.arrival_time_s)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, eos_token_ids: frozenset[int] = frozenset()):
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.waiting = TieredQueue(config.aging_s)
+        self.running: list[Sequence] = []  # resident: hold KV blocks
+        self.step_count = 0
+        self.num_preemptions = 0
+        self._by_id: dict[str, Sequence] = {}
+
+    # -- requests ----------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        if seq.request_id in self._by_id:
+            raise ValueError(f"duplicate request id {seq.request_id!r}")
+        if len(seq) >= self.config.max_model_len:
+            raise ValueError(f"prompt has {len(seq)} tokens; the context limit is {self.config.max_model_len}")
+        if self.block_manager.blocks_for(len(seq) + 1) > self.config.num_blocks:
+            raise ValueError(f"prompt of {len(seq)} tokens can never fit in the KV cache")
+        self._by_id[seq.request_id] = seq
+        self.waiting.add(seq)
+
+    def get(self, request_id: str) -> Sequence | None:
+        return self._by_id.get(request_id)
+
+    def finish(self, seq: Sequence, reason: FinishReason, now_s: float) -> None:
+        """End a request wherever it is (stop string, abort, error); frees its KV."""
+        if seq.is_finished:
+            return
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status, seq.finish_reason, seq.finished_s = Status.FINISHED, reason, now_s
+        seq.draft_token_ids = []
+        self._by_id.pop(seq.request_id, None)
+
+    def abort(self, request_id: str, now_s: float) -> bool:
+        seq = self._by_id.get(request_id)
+        if seq is None:
+            return False
+        self.finish(seq, FinishReason.ABORT, now_s)
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    def num_running(self, tier: Tier) -> int:
+        return sum(1 for s in self.running if s.tier is tier)
+
+    def lane_active(self) -> bool:
+        return self.config.fast_lane_max_batch is not None and (
+            self.num_running(Tier.FAST) > 0 or self.waiting.num_waiting(Tier.FAST) > 0
+        )
+
+    # -- scheduling --------------------------------------------------------
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = Status.WAITING
+        seq.num_computed_tokens = 0
+        seq.draft_token_ids = []
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add(seq)
+        out.preempted.append(seq)
+
+    def _victim(self, protect: set[int], below: Sequence) -> Sequence | None:
+        """The least important resident sequence not in `protect` and not more important than `below`."""
+        candidates = [s for s in self.running if id(s) not in protect and _priority_key(s) >= _priority_key(below)]
+        return max(candidates, key=_priority_key, default=None)
+
+    def _tokens_for(self, seq: Sequence, budget: int) -> tuple[int, int]:
+        """(tokens, drafts) to schedule for a resident sequence within `budget`."""
+        if seq.is_prefilling:
+            return min(seq.num_uncomputed_tokens, budget), 0
+        drafts = min(len(seq.draft_token_ids), max(0, budget - 1))
+        drafts = min(drafts, self.config.max_model_len - len(seq) - 1)
+        return (1 + max(0, drafts), max(0, drafts)) if budget >= 1 else (0, 0)
+
+    def schedule(self, now_s: float) -> SchedulerOutput:
+        cfg = self.config
+        self.step_count += 1
+        out = SchedulerOutput(step=self.step_count, lane_active=self.lane_active())
+        cap = cfg.fast_lane_max_batch if out.lane_active else cfg.max_num_seqs
+        budget = cfg.max_num_batched_tokens
+        chosen: set[int] = set()
+
+        # Slots the lane keeps for fast requests still waiting for admission.
+        fast_waiting = self.waiting.num_waiting(Tier.FAST)
+        reserve = min(fast_waiting, max(0, cap - self.num_running(Tier.FAST))) if out.lane_active else 0
+
+        # 1. Resident sequences: by tier, then least recently served (rotation), then arrival.
+        for seq in sorted(self.running, key=lambda s: (s.tier.rank, s.last_scheduled_step, s.arrival_time_s)):
+            if seq.status is not Status.RUNNING:  # preempted earlier in this loop
+                continue
+            limit = cap if seq.tier is Tier.FAST else cap - reserve
+            n, drafts = self._tokens_for(seq, budget)
+            if len(out.scheduled) >= limit or n == 0:
+                out.paused.append(seq)
+                continue
+            while not self.block_manager.allocate(seq, n):
+                victim = self._victim(chosen | {id(seq)}, below=seq)
+                if victim is None:  # nothing less important to evict: give up this one's KV
+                    self._preempt(seq, out)
+                    break
+                self._preempt(victim, out)
+            if seq.status is not Status.RUNNING:
+                continue
+            chosen.add(id(seq))
+            out.scheduled.append(ScheduledSeq(seq, n, drafts))
+            budget -= n
+
+        # 2. Admit waiting requests in priority order while slots, budget and memory allow.
+        admitted: list[Sequence] = []
+        for seq in self.waiting.iter_admission_order(now_s):
+            # Fast requests come first in this order, so the lane's reserve is used up by now.
+            if len(out.scheduled) >= cap or budget <= 0:
+                break
+            if not self._make_room(seq, budget, chosen, out):
+                break  # strict priority: do not let later requests overtake one that does not fit
+            cached = self.block_manager.admit(seq)
+            if seq.first_scheduled_s is None:
+                seq.num_cached_tokens = cached
+            n = min(seq.num_uncomputed_tokens, budget)
+            ok = self.block_manager.allocate(seq, n)
+            assert ok, "admission was checked"
+            admitted.append(seq)
+            chosen.add(id(seq))
+            out.scheduled.append(ScheduledSeq(seq, n, 0))
+            budget -= n
+        for seq in admitted:
+            self.waiting.remove(seq)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            if seq.first_scheduled_s is None:
+                seq.first_scheduled_s = now_s
+
+        for s in out.scheduled:
+            s.seq.last_scheduled_step = self.step_count
+        return out
+
+    def _make_room(self, seq: Sequence, budget: int, chosen: set[int], out: SchedulerOutput) -> bool:
+        """Ensure `seq` can be admitted, preempting less important, unscheduled residents."""
+        while True:
+            fits, _ = self.block_manager.can_admit(seq, budget)
+            if fits and len(self.running) < self.config.max_num_seqs:
+                return True
+            victim = self._victim(chosen, below=seq)
+            if victim is None or victim.tier.rank <= seq.tier.rank:
+                # Only a more urgent tier may take a resident's place; equals wait their turn.
+                return False
+            self._preempt(victim, out)
+
+    # -- feedback ----------------------------------------------------------
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: dict[str, list[int]], now_s: float
+    ) -> list[Sequence]:
+        """Apply the runner's tokens. `sampled[rid]` holds the accepted drafts plus
+        one new token (or nothing for a mid-prompt chunk). Returns sequences that
+        got new tokens or finished this step."""
+        touched = []
+        for s in out.scheduled:
+            seq = s.seq
+            if seq.is_finished or seq.status is not Status.RUNNING:
+                continue  # aborted while the step ran
+            new = sampled.get(seq.request_id, [])
+            accepted = max(0, len(new) - 1) if s.num_draft_tokens else 0
+            seq.num_computed_tokens += s.num_tokens - (s.num_draft_tokens - accepted)
+            seq.draft_token_ids = []
+            if s.num_draft_tokens:
+                self.block_manager.truncate(seq, seq.num_computed_tokens)
+            # Register full blocks before a possible finish frees them: a finished
+            # conversation stays in the prefix cache for its next turn.
+            self.block_manager.commit(seq)
+            if new:
+                self._append(seq, new, now_s)
+                touched.append(seq)
+        return touched
+
+    def _append(self, seq: Sequence, new: list[int], now_s: float) -> None:
+        p = seq.params
+        for tok in new:
+            seq.token_ids.append(tok)
+            if seq.first_token_s is None:
+                seq.first_token_s = now_s
+            seq.last_token_s = now_s
+            reason = None
+            if (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids:
+                reason = FinishReason.STOP
+            elif seq.num_output_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len:
+                reason = FinishReason.LENGTH
+            if reason is not None:
+                # KV of tokens past a stop is discarded with the rest of the sequence.
+                seq.num_computed_tokens = min(seq.num_computed_tokens, len(seq) - 1)
+                self.finish(seq, reason, now_s)
+                return

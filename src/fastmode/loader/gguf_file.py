@@ -1,0 +1,139 @@
+"""Read a GGUF file: metadata -> ModelConfig, tensors dequantized, tokenizer.
+
+Dequantization is the `gguf` package's (the reference Python implementation
+maintained with llama.cpp). llama.cpp's converter permutes the q/k rows of
+Llama-architecture checkpoints for its interleaved RoPE; we undo that so one
+rotate-half implementation serves both formats.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastmode.config import ModelConfig, RopeScaling
+from fastmode.loader.errors import ModelLoadError
+
+# Quant types whose dequantization we test and support.
+SUPPORTED_QUANTS = frozenset(
+    {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+)
+_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "llama"}
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def read_metadata(reader) -> dict[str, Any]:
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        meta[key] = field.contents()
+    return meta
+
+
+def config_from_metadata(meta: dict[str, Any], tensor_names: set[str], source: str) -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise ModelLoadError(
+            f"{source}: GGUF architecture {arch!r} is not supported; fastmode runs {sorted(_ARCHITECTURES)}"
+        )
+
+    def get(key: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ModelLoadError(f"{source}: GGUF metadata {arch}.{key} is missing")
+        return value
+
+    hidden = int(get("embedding_length"))
+    heads = int(get("attention.head_count"))
+    scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
+    scaling = RopeScaling(
+        kind={"none": "none", "linear": "linear", "llama3": "llama3"}.get(scaling_type, scaling_type),
+        factor=float(meta.get(f"{arch}.rope.scaling.factor", 1.0)),
+        original_max_position_embeddings=int(meta.get(f"{arch}.rope.scaling.original_context_length", 8192)),
+    )
+    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    return ModelConfig(
+        architecture=_ARCHITECTURES[arch],
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(get("attention.head_count_kv", heads)),
+        head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        max_position_embeddings=int(get("context_length", 2048)),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        name=str(meta.get("general.name", "model")),
+    )
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    # Inverse of llama.cpp's convert permute: rows (heads, 2, hd/2) were stored as (heads, hd/2, 2).
+    shape = w.shape
+    return w.reshape(n_heads, shape[0] // n_heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def _hf_name(name: str) -> str | None:
+    base, _, suffix = name.rpartition(".")
+    if base in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[base]}.{suffix}"
+    parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+    return None  # e.g. rope_freqs: not a parameter of ours
+
+
+def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """Return (config, HF-named fp32 tensors, metadata)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    source = str(path)
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as e:  # the gguf package raises ValueError/struct errors on a bad file
+        raise ModelLoadError(f"{source}: not a readable GGUF file ({e})") from e
+    meta = read_metadata(reader)
+    names = {t.name for t in reader.tensors}
+    cfg = config_from_metadata(meta, names, source)
+    permute = meta.get("general.architecture") in ("llama", "mistral")
+
+    tensors: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        hf = _hf_name(t.name)
+        if hf is None:
+            continue
+        qtype = t.tensor_type.name
+        if qtype not in SUPPORTED_QUANTS:
+            raise ModelLoadError(
+                f"{source}: tensor {t.name} uses quantization {qtype}, which fastmode does not read; "
+                f"supported: {', '.join(sorted(SUPPORTED_QUANTS))}"
+            )
+        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w = w.reshape(tuple(reversed([int(d) for d in t.shape])))
+        if permute and t.name.endswith(("attn_q.weight", "attn_q.bias")):
+            w = _unpermute(w, cfg.num_heads)
+        elif permute and t.name.endswith(("attn_k.weight", "attn_k.bias")):
+            w = _unpermute(w, cfg.num_kv_heads)
+        tensors[hf] = torch.from_numpy(np.array(w, copy=True, order="C"))
+    return cfg, tensors, meta

@@ -1,0 +1,59 @@
+"""One entry point: a path (or None for the embedded model) -> model + tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fastmode.config import ModelConfig
+from fastmode.loader.default_model import DEFAULT_MODEL_NAME, default_model_path
+from fastmode.loader.errors import ModelLoadError
+from fastmode.loader.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_dir
+from fastmode.loader.weights import build_model
+from fastmode.models.llama import LlamaModel
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaModel
+    tokenizer: Tokenizer
+    config: ModelConfig
+    name: str
+    path: Path
+    dtype: torch.dtype
+
+
+def resolve_model_path(model: str | Path | None) -> tuple[Path, str]:
+    """(path, served name). None means the embedded default model."""
+    if model is None:
+        return default_model_path(), DEFAULT_MODEL_NAME
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path {str(path)!r} does not exist (give a Hugging Face directory or a .gguf file)")
+    if path.is_file() and path.suffix != ".gguf":
+        raise ModelLoadError(f"{path}: a model file must be .gguf; for safetensors give the directory")
+    name = path.stem if path.is_file() else path.name
+    return path, name
+
+
+def load_model(model: str | Path | None = None, dtype: str = "bfloat16", max_positions: int | None = None) -> LoadedModel:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    torch_dtype = DTYPES[dtype]
+    path, name = resolve_model_path(model)
+    if path.is_file():
+        from fastmode.loader.gguf_file import read_gguf
+
+        cfg, tensors, meta = read_gguf(path)
+        tokenizer = tokenizer_from_gguf(meta)
+    else:
+        from fastmode.loader.hf_dir import read_hf_dir
+
+        cfg, tensors, eos = read_hf_dir(path)
+        tokenizer = tokenizer_from_hf_dir(path, eos)
+    net = build_model(cfg, tensors, torch_dtype, str(path), max_positions=max_positions)
+    return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, name=name, path=path, dtype=torch_dtype)

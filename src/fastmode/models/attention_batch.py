@@ -1,0 +1,37 @@
+"""What one forward pass attends over: the runner builds it, the model reads it.
+
+A step's tokens are packed into one flat sequence of N tokens: first every
+prefill span (a prompt chunk, or several speculative tokens being verified),
+then one token per decoding sequence. New K/V go to `slot_mapping`; attention
+reads each sequence's blocks from the paged cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PrefillSpan:
+    """Query tokens [start, end) of the flat batch that belong to one sequence.
+
+    The span's first token sits at absolute position `context_len - (end - start)`;
+    after this step the sequence's cache holds `context_len` tokens in `block_table`.
+    """
+
+    start: int
+    end: int
+    context_len: int
+    block_table: torch.Tensor  # (num_blocks,) long
+    mask: torch.Tensor | None  # (L, T) bool, True = may attend; None = plain causal (no prior context)
+
+
+@dataclass
+class AttentionBatch:
+    slot_mapping: torch.Tensor  # (N,) long: flat cache slot for each new token's K/V
+    prefill_spans: list[PrefillSpan]
+    num_prefill_tokens: int
+    decode_block_tables: torch.Tensor | None = None  # (Bd, max_blocks) long
+    decode_mask: torch.Tensor | None = None  # (Bd, 1, 1, T) float additive: 0 or -inf
