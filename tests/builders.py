@@ -91,3 +91,70 @@ def build_hf_model(path: Path, arch: str = "llama", **overrides) -> Path:
     return path
 
 
+
+
+def _permute_for_gguf(w, n_heads: int):
+    """llama.cpp's converter permutation of q/k rows (what a real GGUF file holds)."""
+    shape = w.shape
+    return w.reshape(n_heads, 2, shape[0] // n_heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def write_gguf_from_hf(hf_dir: Path, out: Path, qtype: str = "F32", arch: str = "llama") -> Path:
+    """Convert a tiny HF checkpoint to GGUF the way llama.cpp's converter lays it out."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    w = GGUFWriter(str(out), arch)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(float(cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta", 10000.0)))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
+    added = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([t for t, _ in vocab])
+    w.add_token_types([3 if t in added else 1 for t, _ in vocab])
+    merges = tok["model"]["merges"]
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    w.add_eos_token_id(added["<|im_end|>"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(json.loads((hf_dir / "tokenizer_config.json").read_text())["chat_template"])
+
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+    layer = {
+        "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    }
+    q = GGMLQuantizationType[qtype]
+    for name, t in tensors.items():
+        if name in names:
+            gname = names[name]
+        else:
+            parts = name.split(".")  # model.layers.{i}.{module...}.{weight|bias}
+            gname = f"blk.{parts[2]}.{layer['.'.join(parts[3:-1])]}.{parts[-1]}"
+        t = t.astype(np.float32)
+        if arch == "llama" and gname.endswith("attn_q.weight"):
+            t = _permute_for_gguf(t, cfg["num_attention_heads"])
+        if arch == "llama" and gname.endswith("attn_k.weight"):
+            t = _permute_for_gguf(t, cfg["num_key_value_heads"])
+        if t.ndim == 2 and q != GGMLQuantizationType.F32:
+            w.add_tensor(gname, quantize(t, q), raw_dtype=q)
+        else:
+            w.add_tensor(gname, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
