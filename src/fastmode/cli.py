@@ -16,6 +16,8 @@ import sys
 COMMANDS: list[tuple[str, str]] = [
     ("generate", "fastmode.commands.generate"),
     ("chat", "fastmode.commands.chat"),
+    ("plan", "fastmode.planner.command"),
+    ("chain", "fastmode.planner.chain_command"),
 ]
 
 

@@ -1,0 +1,197 @@
+"""`fastmode plan`: what a model costs and delivers on a given piece of hardware.
+
+    fastmode plan --model llama-3.1-8b --hardware h100 --batch 16 --json
+    fastmode plan --model llama-3.1-70b --hardware h200 --sweep --plot-dir runs/plots
+    fastmode plan --model llama-3.1-8b --hardware h100 --spec \\
+        --fast-rps 2 --fast-min-tok-s 150 --standard-rps 20 --standard-max-ttft-s 2
+
+Prints one JSON object with --json, a readable report otherwise. Everything is
+computed by the cost model (no engine, no torch); see docs/planner.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+TIERS = ("fast", "standard", "flex")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("plan", help="predict speed and price of a model on a hardware (cost model)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from fastmode.planner.catalog import hardware_names, model_names
+    from fastmode.planner.weight_format import FORMATS
+
+    p.add_argument("--model", required=True, choices=model_names())
+    p.add_argument("--hardware", default="h100", choices=hardware_names())
+    p.add_argument("--tp", default="auto", help="devices the model is split over, or 'auto' (fewest that fit)")
+    p.add_argument("--format", dest="weight_format", choices=sorted(FORMATS), help="weight storage format (default: the model's)")
+    p.add_argument("--dtype-bytes", type=float, help="store every tensor at this many bytes/param (overrides --format)")
+    p.add_argument("--kv-dtype-bytes", type=float, default=2.0, help="bytes per KV element (default 2)")
+    p.add_argument("--batch", type=int, default=1, help="sequences decoding together (default 1)")
+    p.add_argument("--context", type=int, default=4096, help="mean context tokens per sequence while decoding")
+    p.add_argument("--calibration", help="calibration JSON overriding the hardware's efficiencies (docs/planner.md)")
+    p.add_argument("--usd-per-hour", type=float, help="price per device-hour, overriding the catalog")
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--spec", action="store_true", help="evaluate with speculative decoding")
+    g.add_argument("--spec-acceptance", type=float, default=0.7, help="per-token acceptance rate a")
+    g.add_argument("--spec-draft-len", type=int, default=4, help="draft tokens k per verify")
+    g.add_argument("--spec-draft-cost", type=float, default=0.05, help="draft/target per-token cost ratio c")
+    g = p.add_argument_group("sweeps and plots")
+    g.add_argument("--sweep", action="store_true", help="add the bus curve (batch 1..--max-batch)")
+    g.add_argument("--max-batch", type=int, default=256)
+    g.add_argument("--plot-dir", help="write bus_curve.png and frontier.png here")
+    g = p.add_argument_group("fleet recommendation (any --TIER-rps > 0 turns it on)")
+    g.add_argument("--prompt-tokens", type=int, default=2000, help="mean prompt tokens (all tiers)")
+    g.add_argument("--output-tokens", type=int, default=500, help="mean output tokens (all tiers)")
+    g.add_argument("--ttft-quantile", type=float, default=0.9)
+    g.add_argument("--max-utilization", type=float, default=0.85)
+    for tier in TIERS:
+        g.add_argument(f"--{tier}-rps", type=float, default=0.0, help=f"{tier} requests/s")
+        g.add_argument(f"--{tier}-min-tok-s", type=float, default=0.0, help=f"{tier} per-user tok/s SLO")
+        g.add_argument(f"--{tier}-max-ttft-s", type=float, default=math.inf, help=f"{tier} TTFT SLO (s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def build_report(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything `fastmode plan` prints, as a JSON-ready dict."""
+    from fastmode.planner.catalog import load_hardware, load_model
+    from fastmode.planner.fleet import TierDemand, recommend_fleet
+    from fastmode.planner.operating_point import bus_curve, evaluate, layout_for_load, power_of_two_batches
+    from fastmode.planner.speculative import SpecConfig
+
+    hw = load_hardware(args.hardware, args.calibration)
+    model = load_model(args.model)
+    cost_kwargs = {"weight_format": args.weight_format, "dtype_bytes": args.dtype_bytes,
+                   "kv_dtype_bytes": args.kv_dtype_bytes}
+    tp = None if str(args.tp) == "auto" else int(args.tp)
+    cm = layout_for_load(hw, model, args.batch, args.context, tp, **cost_kwargs)
+    spec = SpecConfig(args.spec_acceptance, args.spec_draft_len, args.spec_draft_cost) if args.spec else None
+    point = evaluate(cm, args.batch, args.context, spec, usd_per_hour_per_device=args.usd_per_hour)
+    report: dict[str, Any] = point.to_dict()
+    report.update({
+        "tp": cm.num_devices, "devices_needed": cm.devices_needed(args.batch, args.context),
+        "devices_needed_weights_only": cm.devices_needed(),
+        "weight_bytes": cm.weight_bytes, "kv_bytes_per_token": model.kv_bytes_per_token(args.kv_dtype_bytes),
+        "crossover_batch": cm.crossover_batch(args.context),
+        "calibration": args.calibration,
+        "assumptions": [
+            "decode only: every sequence at --context tokens; prefill not in the step time",
+            "$/Mtok counts output tokens; price per device-hour from the catalog unless --usd-per-hour",
+            "efficiencies eta_m/eta_c/overhead from the catalog or the calibration file",
+        ],
+    })
+    if args.spec:
+        report["no_spec"] = {k: v for k, v in evaluate(cm, args.batch, args.context, None,
+                             usd_per_hour_per_device=args.usd_per_hour).to_dict().items()
+                             if k in ("step_time_s", "per_user_tok_s", "aggregate_tok_s", "usd_per_mtok")}
+    batches = power_of_two_batches(args.max_batch)
+    if args.sweep or args.plot_dir:
+        report["bus_curve"] = [p.to_dict() for p in bus_curve(cm, batches, args.context, spec,
+                                                               args.usd_per_hour)]
+    demands = [TierDemand(t, getattr(args, f"{t}_rps"), args.prompt_tokens, args.output_tokens,
+                          getattr(args, f"{t}_min_tok_s"), getattr(args, f"{t}_max_ttft_s"))
+               for t in TIERS if getattr(args, f"{t}_rps") > 0]
+    if demands:
+        fleet = recommend_fleet(cm, demands, spec or SpecConfig(args.spec_acceptance, args.spec_draft_len,
+                                args.spec_draft_cost), batches, args.max_utilization, args.ttft_quantile,
+                                args.usd_per_hour)
+        report["fleet"] = fleet.to_dict()
+    if args.plot_dir:
+        report["plots"] = _write_plots(args, cm, model, batches, spec, cost_kwargs)
+    return report
+
+
+def _write_plots(args, cm, model, batches, spec, cost_kwargs) -> list[str]:
+    from pathlib import Path
+
+    from fastmode.planner.catalog import hardware_names, load_hardware
+    from fastmode.planner.operating_point import bus_curve, frontier
+    from fastmode.planner.plots import plot_bus_curve, plot_frontier
+
+    out = Path(args.plot_dir)
+    paths = [plot_bus_curve(bus_curve(cm, batches, args.context, spec, args.usd_per_hour), out / "bus_curve.png")]
+    series = {}
+    for name in hardware_names():
+        hw = load_hardware(name, args.calibration) if name == args.hardware else load_hardware(name)
+        if hw.kind == "cpu" and name != args.hardware:
+            continue  # the local CPU only belongs on the plot when asked about
+        price = args.usd_per_hour if name == args.hardware else None
+        series[name] = frontier(hw, model, batches, args.context, spec, price, **cost_kwargs)
+    paths.append(plot_frontier(series, out / "frontier.png",
+                               f"{model.name}: per-user speed vs price, {args.context}-token context"))
+    return [str(p) for p in paths]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:,.4g}" if abs(v) < 1e5 else f"{v:,.3e}"
+    return str(v)
+
+
+def render_text(r: dict[str, Any]) -> str:
+    """A human-readable version of `build_report`'s dict."""
+    est = " (estimated price)" if r["price_is_estimate"] else ""
+    lines = [
+        f"{r['model']} on {r['devices']}x {r['hardware']} [{r['weight_format']}], batch {r['batch']}"
+        f"{' x ' + str(r['microbatches']) + ' microbatches' if r['microbatches'] > 1 else ''}, "
+        f"context {r['context_tokens']}",
+        f"  step time        {_fmt(r['step_time_s'] * 1e3)} ms ({r['bound']}-bound; mem {_fmt(r['mem_s'] * 1e3)} ms,"
+        f" compute {_fmt(r['comp_s'] * 1e3)} ms, comm {_fmt(r['comm_s'] * 1e3)} ms, overhead {_fmt(r['overhead_s'] * 1e3)} ms)",
+        f"  per-user         {_fmt(r['per_user_tok_s'])} tok/s",
+        f"  aggregate        {_fmt(r['aggregate_tok_s'])} tok/s",
+        f"  price            {_fmt(r['usd_per_mtok'])} $/Mtok at {_fmt(r['usd_per_hour'])} $/h{est}",
+        f"  fits             {r['fits']} ({_fmt(r['memory_per_device_bytes'] / 1e9)} GB per device; "
+        f"needs {r['devices_needed']} device(s), {r['devices_needed_weights_only']} for weights alone)",
+        f"  compute-bound from batch {r['crossover_batch']} at this context" if r["crossover_batch"] else
+        "  memory-bound at every batch at this context (each sequence's KV read outweighs its FLOPs)",
+    ]
+    if r.get("speculative"):
+        s = r["speculative"]
+        lines.append(f"  speculation      a={s['acceptance']} k={s['draft_len']} c={s['draft_cost_ratio']}: "
+                     f"{_fmt(s['expected_tokens'])} tokens/verify, speed-up {_fmt(s['speedup'])}x "
+                     f"(closed form {_fmt(s['closed_form_speedup'])}x)")
+    if r.get("bus_curve"):
+        lines += ["", "  batch  per-user tok/s  aggregate tok/s     $/Mtok  bound"]
+        lines += [f"  {p['batch']:>5}  {p['per_user_tok_s']:>14,.1f}  {p['aggregate_tok_s']:>15,.0f}  "
+                  f"{_fmt(p['usd_per_mtok']):>9}  {p['bound']}" for p in r["bus_curve"]]
+    if r.get("fleet"):
+        f = r["fleet"]
+        lines += ["", f"  fleet (TTFT at p{int(f['ttft_quantile'] * 100)}, utilisation <= {f['max_utilization']}):"]
+        for t in f["tiers"]:
+            if not t["feasible"]:
+                lines.append(f"    {t['tier']:<9} infeasible: {t['reason']}")
+                continue
+            lines.append(f"    {t['tier']:<9} {t['replicas']} replica(s) x {r['devices']} dev, batch cap {t['batch_cap']}, "
+                         f"spec {'on' if t['speculative'] else 'off'}: {_fmt(t['per_user_tok_s'])} tok/s/user, "
+                         f"TTFT {_fmt(t['ttft_s'])} s, util {_fmt(t['utilization'])}, {_fmt(t['usd_per_mtok'])} $/Mtok")
+        lines.append(f"    total {_fmt(f['usd_per_hour'])} $/h on {f['devices']} devices")
+        lines += [f"    note: {n}" for n in f["notes"]]
+    if r.get("plots"):
+        lines += ["", *[f"  wrote {p}" for p in r["plots"]]]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = build_report(args)
+    print(json.dumps(json_safe(report), allow_nan=False) if args.json else render_text(report))
+    return 0
+
+
+def json_safe(v: Any) -> Any:
+    """Plain JSON: numpy scalars to Python numbers, inf/nan to null."""
+    if isinstance(v, dict):
+        return {k: json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
