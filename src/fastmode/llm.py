@@ -68,6 +68,8 @@ class LLM:
             while len(results) < len(ids):
                 for o in self.engine.step():
                     if o.finished:
+                        if o.finish_reason == "error":
+                            raise RuntimeError(f"request {o.request_id} failed: {self.engine.last_error!r}")
                         results[o.request_id] = CompletionOutput.from_request(o)
                         if bar:
                             bar.update(1)

@@ -7,6 +7,7 @@ detokenize -> meter. Everything async (the server) wraps this loop.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -21,6 +22,8 @@ from fastmode.engine.sequence import FinishReason, Sequence
 from fastmode.engine.tiers import Tier
 from fastmode.loader import LoadedModel, load_model
 from fastmode.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,6 +69,7 @@ class LLMEngine:
         self.clock = time.monotonic
         self.num_steps = 0
         self.busy_s = 0.0  # wall time spent in steps
+        self.last_error: Exception | None = None
 
     @property
     def model_name(self) -> str:
@@ -111,12 +115,13 @@ class LLMEngine:
         t0 = time.perf_counter()
         try:
             sampled = self.runner.execute(out)
-        except Exception:
-            # A failed step must not strand requests: fail them and free their KV.
+        except Exception as e:  # a failed step must not strand requests: fail them, free their KV
+            log.exception("step %d failed; failing its %d requests", out.step, len(out.scheduled))
+            self.last_error = e
             now = self.clock()
             for s in out.scheduled:
                 self.scheduler.finish(s.seq, FinishReason.ERROR, now)
-            raise
+            return [o for s in out.scheduled if (o := self._output(s.seq)) is not None]
         step_s = time.perf_counter() - t0
         self.num_steps += 1
         self.busy_s += step_s

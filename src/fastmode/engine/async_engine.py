@@ -1,0 +1,144 @@
+"""The engine on a background thread, for asyncio servers.
+
+One thread owns the model and runs `step()` whenever there is work; request
+coroutines talk to it through a lock (add/abort) and per-request asyncio
+queues (outputs). A client that stops iterating (disconnect) aborts its
+request, which frees its KV blocks at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastmode.engine.llm_engine import LLMEngine, RequestOutput
+from fastmode.engine.tiers import Tier
+from fastmode.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineClosedError(RuntimeError):
+    """The engine is shutting down and takes no new requests."""
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: dict[str, int]
+    waiting: dict[str, int]
+    kv_usage: float
+    num_preemptions: int
+    prefix_queries: int
+    prefix_hits: int
+    lane_active: bool
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._closed = False
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._loop, name="fastmode-engine", daemon=True)
+        self._thread.start()
+
+    # -- engine thread -----------------------------------------------------
+    def _loop(self) -> None:
+        while not self._closed:
+            with self._lock:
+                busy = self.engine.has_unfinished()
+                outputs = self.engine.step() if busy else []
+            for o in outputs:
+                self._deliver(o)
+            if not busy:
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def _deliver(self, o: RequestOutput | BaseException, request_id: str | None = None) -> None:
+        rid = request_id or o.request_id  # type: ignore[union-attr]
+        entry = self._queues.get(rid)
+        if entry is None:
+            return
+        loop, q = entry
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, o)
+        except RuntimeError:  # the caller's loop is gone: nobody is listening
+            self.abort(rid)
+
+    # -- request API -------------------------------------------------------
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams, tier: Tier | str = Tier.STANDARD, request_id: str | None = None
+    ) -> str:
+        """Queue a request; raises ValueError for bad input (nothing is left behind)."""
+        if self._closed:
+            raise EngineClosedError("the engine is shutting down")
+        loop = asyncio.get_running_loop()
+        rid = request_id or f"req-{next(self._ids)}"
+        self._queues[rid] = (loop, asyncio.Queue())
+        try:
+            with self._lock:
+                self.engine.add_request(prompt, params, tier, rid)
+        except BaseException:
+            self._queues.pop(rid, None)
+            raise
+        self._wake.set()
+        return rid
+
+    async def stream(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        """Outputs of an added request until it finishes. Leaving early aborts it."""
+        _, q = self._queues[request_id]
+        finished = False
+        try:
+            while True:
+                o = await q.get()
+                if isinstance(o, BaseException):
+                    raise o
+                finished = o.finished
+                yield o
+                if finished:
+                    return
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, tier: Tier | str = Tier.STANDARD, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        rid = self.add_request(prompt, params, tier, request_id)
+        async for o in self.stream(rid):
+            yield o
+
+    def abort(self, request_id: str) -> bool:
+        with self._lock:
+            return self.engine.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            s = self.engine.scheduler
+            bm = s.block_manager
+            return EngineStats(
+                running={t.value: s.num_running(t) for t in Tier},
+                waiting={t.value: s.waiting.num_waiting(t) for t in Tier},
+                kv_usage=bm.usage,
+                num_preemptions=s.num_preemptions,
+                prefix_queries=bm.num_prefix_queries,
+                prefix_hits=bm.num_prefix_hits,
+                lane_active=s.lane_active(),
+            )
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop taking requests, abort what is in flight, stop the thread."""
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout_s)
+        with self._lock:
+            for rid in list(self._queues):
+                self.engine.abort(rid)
+                self._deliver(EngineClosedError("the engine shut down before this request finished"), rid)
