@@ -40,7 +40,7 @@ class LLM:
     max_num_seqs, fast_lane_max_batch, ...).
     """
 
-    def __init__(self, model: str | None = None, dtype: str = "bfloat16", **engine_kwargs: Any):
+    def __init__(self, model: str | None = None, dtype: str = "auto", **engine_kwargs: Any):
         self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, **engine_kwargs))
         self.tokenizer = self.engine.tokenizer
 

@@ -7,7 +7,7 @@ import argparse
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="Hugging Face directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"], help="auto: bf16 only where the CPU/GPU computes it natively")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -40,6 +40,6 @@ def run(args: argparse.Namespace) -> int:
     n = len(last.token_ids) if last else 0
     m = last.metrics if last else None
     ttft = f"{m.ttft_s * 1000:.0f} ms" if m and m.ttft_s is not None else "-"
-    print(f"\n\n[{llm.engine.model_name} | {args.dtype} | {n} tokens in {elapsed:.2f} s, "
+    print(f"\n\n[{llm.engine.model_name} | {str(llm.engine.loaded.dtype).removeprefix('torch.')} | {n} tokens in {elapsed:.2f} s, "
           f"{n / elapsed:.1f} tok/s | TTFT {ttft} | finish: {last.finish_reason if last else '-'}]", file=sys.stderr)
     return 0

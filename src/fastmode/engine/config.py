@@ -10,7 +10,7 @@ from fastmode.engine.scheduler import SchedulerConfig
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # None = the embedded default model
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # bf16 where the hardware has native bf16, else fp32 (see loader.load.resolve_dtype)
     kv_cache_gib: float = 1.0  # KV cache size; sets the number of blocks
     block_size: int = 16
     max_num_seqs: int = 64
@@ -23,8 +23,8 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("bfloat16", "float32", "bf16", "fp32"):
-            raise ValueError(f"dtype must be bfloat16 or float32, got {self.dtype!r}")
+        if self.dtype not in ("auto", "bfloat16", "float32", "bf16", "fp32"):
+            raise ValueError(f"dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
         if self.kv_cache_gib <= 0:
             raise ValueError("kv_cache_gib must be > 0")
         if self.usd_per_machine_hour < 0:

@@ -62,13 +62,15 @@ class Rotary(nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x: (N, heads, hd); positions: (N,)
-        cos = self.cos[positions].unsqueeze(1)  # (N, 1, hd/2)
-        sin = self.sin[positions].unsqueeze(1)
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows for `positions`, (N, 1, hd/2) each: looked up once per step, used by every layer."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: (N, heads, hd), rotate-half layout
         x1, x2 = x.float().chunk(2, dim=-1)
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return out.to(x.dtype)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -83,16 +85,15 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rotary: Rotary,
+        rope: tuple[torch.Tensor, torch.Tensor],
         batch: AttentionBatch,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rotary(q.view(n, self.num_heads, self.head_dim), positions)
-        k = rotary(k.view(n, self.num_kv_heads, self.head_dim), positions)
+        q = Rotary.apply(q.view(n, self.num_heads, self.head_dim), *rope)
+        k = Rotary.apply(k.view(n, self.num_kv_heads, self.head_dim), *rope)
         v = v.view(n, self.num_kv_heads, self.head_dim)
         # k_cache: (num_blocks, block_size, kvh, hd); write the new tokens' K/V into their slots.
         k_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = k
@@ -153,8 +154,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, rotary, batch, k_cache, v_cache):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, batch, k_cache, v_cache)
+    def forward(self, x, rope, batch, k_cache, v_cache):
+        x = x + self.self_attn(self.input_layernorm(x), rope, batch, k_cache, v_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -181,7 +182,8 @@ class LlamaModel(nn.Module):
         logit_indices: torch.Tensor,  # (S,) rows of the flat batch whose next token is wanted
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x = layer(x, positions, self.rotary, batch, k_cache, v_cache)
+            x = layer(x, rope, batch, k_cache, v_cache)
         x = self.norm(x[logit_indices])
         return self.lm_head(x).float()  # (S, vocab)
