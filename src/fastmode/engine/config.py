@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from fastmode.engine.scheduler import SchedulerConfig
+from fastmode.speculative.policy import SpecConfig
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     usd_per_machine_hour: float = 1.0  # what one machine-hour of this engine costs
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
+    speculative: str = "ngram"  # method where speculation is on by default: off | ngram | draft
+    speculative_tiers: str = "fast"  # comma-separated tiers that speculate unless a request opts out
+    num_speculative_tokens: int = 6  # upper bound on k; the policy adapts k to measured acceptance
+    speculative_max_batch: int = 4  # no speculation when more sequences than this decode together
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float32", "bf16", "fp32"):
@@ -29,6 +34,7 @@ class EngineConfig:
             raise ValueError("kv_cache_gib must be > 0")
         if self.usd_per_machine_hour < 0:
             raise ValueError("usd_per_machine_hour must be >= 0")
+        self.spec_config()  # validates the speculative fields
 
     def scheduler_config(self, kv_bytes_per_token: int, model_max_len: int) -> SchedulerConfig:
         num_blocks = int(self.kv_cache_gib * 2**30 // (kv_bytes_per_token * self.block_size))
@@ -41,6 +47,15 @@ class EngineConfig:
             aging_s=self.aging_s,
             max_model_len=min(self.max_model_len or model_max_len, model_max_len),
             enable_prefix_caching=self.enable_prefix_caching,
+        )
+
+    def spec_config(self) -> SpecConfig:
+        tiers = tuple(t.strip() for t in self.speculative_tiers.split(",") if t.strip())
+        return SpecConfig(
+            method=self.speculative,
+            tiers=tiers,
+            max_draft_tokens=self.num_speculative_tokens,
+            max_batch=self.speculative_max_batch,
         )
 
     @classmethod

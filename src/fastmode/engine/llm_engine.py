@@ -22,6 +22,8 @@ from fastmode.engine.sequence import FinishReason, Sequence
 from fastmode.engine.tiers import Tier
 from fastmode.loader import LoadedModel, load_model
 from fastmode.sampling_params import SamplingParams
+from fastmode.speculative.ngram import propose_ngram
+from fastmode.speculative.policy import SpecPolicy
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.loaded.model, self.scheduler_config.num_blocks, self.scheduler_config.block_size, self.loaded.dtype
         )
+        self.spec = SpecPolicy(config.spec_config())
         self._tracked: dict[str, _Tracked] = {}
         self._ids = itertools.count()
         self.clock = time.monotonic
@@ -103,12 +106,34 @@ class LLMEngine:
         if request_id in self._tracked:
             self._tracked.pop(request_id)
             self.runner.release(request_id)
+            self.spec.forget(request_id)
         return ok
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
 
+    def _propose_drafts(self) -> None:
+        """Give decoding sequences draft tokens where the policy says speculation pays."""
+        running = self.scheduler.running
+        for seq in running:
+            seq.draft_token_ids = []
+        cfg = self.scheduler_config
+        cap = cfg.fast_lane_max_batch if self.scheduler.lane_active() else cfg.max_num_seqs
+        if not self.spec.enabled_for_step(min(len(running), cap)):
+            return
+        for seq in running:
+            if seq.is_prefilling:
+                continue
+            method = self.spec.method_for(seq)
+            if method == "off":
+                continue
+            k = self.spec.num_draft_tokens(seq)
+            if k and method == "ngram":
+                seq.draft_token_ids = propose_ngram(seq.token_ids, k)
+            # "draft" (a draft model) proposes through the same field; see speculative/draft_model.py.
+
     def step(self) -> list[RequestOutput]:
+        self._propose_drafts()
         out = self.scheduler.schedule(self.clock())
         if out.is_empty:
             return []
@@ -126,6 +151,10 @@ class LLMEngine:
         self.num_steps += 1
         self.busy_s += step_s
         attribute_step(out, step_s)
+        for s in out.scheduled:
+            if s.num_draft_tokens:
+                accepted = len(sampled.get(s.seq.request_id, [])) - 1
+                self.spec.observe(s.seq, s.num_draft_tokens, max(0, accepted))
         touched = self.scheduler.update_from_output(out, sampled, self.clock())
         return [o for seq in touched if (o := self._output(seq)) is not None]
 
@@ -145,6 +174,7 @@ class LLMEngine:
         if finished:
             self._tracked.pop(seq.request_id, None)
             self.runner.release(seq.request_id)
+            self.spec.forget(seq.request_id)
             metrics = request_metrics(seq, self.config.usd_per_machine_hour)
         return RequestOutput(
             request_id=seq.request_id,

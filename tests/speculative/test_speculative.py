@@ -1,0 +1,111 @@
+"""Speculative decoding is lossless: greedy identity, exact distribution under sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastmode import LLM, SamplingParams
+from fastmode.engine.model_runner import ModelRunner
+from fastmode.engine.sequence import Sequence
+from fastmode.engine.tiers import Tier
+from fastmode.speculative.ngram import propose_ngram
+from fastmode.speculative.policy import SpecConfig, SpecPolicy
+
+
+def test_ngram_proposes_the_continuation_of_the_latest_match():
+    toks = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3]
+    assert propose_ngram(toks, 3) == [4, 5, 9]
+    assert propose_ngram([1, 2, 3, 4], 3) == []
+    # The most recent earlier occurrence wins.
+    assert propose_ngram([7, 8, 1, 7, 8, 2, 7, 8], 1, min_n=2) == [2]
+
+
+def test_policy_per_request_per_tier_and_batch_threshold():
+    pol = SpecPolicy(SpecConfig(method="ngram", tiers=("fast",), max_batch=4))
+    fast = Sequence("f", [1, 2], SamplingParams(max_tokens=50), Tier.FAST)
+    std = Sequence("s", [1, 2], SamplingParams(max_tokens=50), Tier.STANDARD)
+    opt_out = Sequence("o", [1, 2], SamplingParams(max_tokens=50, speculative="off"), Tier.FAST)
+    opt_in = Sequence("i", [1, 2], SamplingParams(max_tokens=50, speculative="ngram"), Tier.STANDARD)
+    assert [pol.method_for(s) for s in (fast, std, opt_out, opt_in)] == ["ngram", "off", "off", "ngram"]
+    assert pol.enabled_for_step(4) and not pol.enabled_for_step(5)
+    k0 = pol.num_draft_tokens(fast)
+    for _ in range(10):
+        pol.observe(fast, 4, 0)  # nothing accepted: k shrinks to 1
+    assert pol.num_draft_tokens(fast) == 1 < k0
+    for _ in range(10):
+        pol.observe(fast, 4, 4)
+    assert pol.num_draft_tokens(fast) == pol.config.max_draft_tokens
+    assert pol.stats.acceptance_rate("fast") == pytest.approx(40 / 80)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir):
+    return LLM(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01, speculative_max_batch=8)
+
+
+def repetitive_prompts():
+    base = list(range(40, 72))
+    return [base + base[:20], [5, 6, 7, 8] * 10, list(range(100, 140))]
+
+
+def test_greedy_output_is_identical_with_ngram_speculation(llm):
+    prompts = repetitive_prompts()
+    off = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, speculative="off"))
+    on = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, speculative="ngram"))
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    stats = llm.engine.spec.stats
+    assert stats.draft_tokens.get("standard", 0) > 0 and stats.accepted_tokens.get("standard", 0) > 0
+    bm = llm.engine.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks  # rollback released every draft slot
+
+
+def test_fast_tier_speculates_by_default_and_stays_identical(llm):
+    prompts = repetitive_prompts()
+    before = llm.engine.spec.stats.draft_tokens.get("fast", 0)
+    ref = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), service_tier="standard")
+    fast = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), service_tier="fast")
+    assert [o.token_ids for o in fast] == [o.token_ids for o in ref]
+    assert llm.engine.spec.stats.draft_tokens.get("fast", 0) > before
+
+
+def test_stop_inside_accepted_drafts_is_honoured(llm):
+    prompt = [5, 6, 7, 8] * 10
+    ref = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, speculative="off"))[0]
+    cut = ref.token_ids[7]
+    want = ref.token_ids[: ref.token_ids.index(cut) + 1]
+    for spec in ("off", "ngram"):
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop_token_ids=[cut], speculative=spec))[0]
+        assert out.token_ids == want
+    short = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, speculative="ngram"))[0]
+    assert short.token_ids == ref.token_ids[:5]
+
+
+def test_rejection_sampling_preserves_the_target_distribution():
+    """Draft d proposed deterministically; the verify rule must yield exactly p."""
+    torch.manual_seed(0)
+    vocab = 6
+    rows = torch.randn(2, vocab) * 1.5  # target logits at the draft position and after it
+    params = SamplingParams(temperature=1.0, max_tokens=10)
+    p1 = torch.softmax(rows[0], -1)
+    p2 = torch.softmax(rows[1], -1)
+    d = int(torch.argsort(p1)[vocab // 2])  # a middling draft: accepted sometimes, not always
+    runner = ModelRunner.__new__(ModelRunner)  # _verify uses no runner state
+    n = 20000
+    first = torch.zeros(vocab)
+    second_given_accept = torch.zeros(vocab)
+    gen = torch.Generator().manual_seed(123)
+    for _ in range(n):
+        out = runner._verify(rows, [d], params, gen)
+        first[out[0]] += 1
+        if len(out) == 2:
+            assert out[0] == d
+            second_given_accept[out[1]] += 1
+    # Chi-square goodness of fit at a generous threshold (df = vocab - 1 = 5; p=0.001 -> 20.5).
+    def chi2(counts, probs):
+        expected = probs * counts.sum()
+        return float(((counts - expected) ** 2 / expected).sum())
+
+    assert chi2(first, p1) < 20.5
+    assert chi2(second_given_accept, p2) < 20.5
+    assert abs(second_given_accept.sum() / n - p1[d]) < 0.02  # acceptance rate equals p(d)
