@@ -22,6 +22,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     usd_per_machine_hour: float = 1.0  # what one machine-hour of this engine costs
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
+    pack_weights: bool = True  # CPU fp32: pre-pack linear weights for oneDNN (see models/cpu_packing.py)
     speculative: str = "ngram"  # method where speculation is on by default: off | ngram | draft
     speculative_tiers: str = "fast"  # comma-separated tiers that speculate unless a request opts out
     num_speculative_tokens: int = 6  # upper bound on k; the policy adapts k to measured acceptance

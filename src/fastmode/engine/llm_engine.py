@@ -64,7 +64,11 @@ class LLMEngine:
         self.scheduler_config = config.scheduler_config(mcfg.kv_bytes_per_token(dtype_bytes), mcfg.max_position_embeddings)
         self.scheduler = Scheduler(self.scheduler_config, self.tokenizer.eos_token_ids)
         self.runner = ModelRunner(
-            self.loaded.model, self.scheduler_config.num_blocks, self.scheduler_config.block_size, self.loaded.dtype
+            self.loaded.model,
+            self.scheduler_config.num_blocks,
+            self.scheduler_config.block_size,
+            self.loaded.dtype,
+            pack_weights=config.pack_weights,
         )
         self.spec = SpecPolicy(config.spec_config())
         self._tracked: dict[str, _Tracked] = {}

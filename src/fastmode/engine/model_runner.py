@@ -12,12 +12,16 @@ import torch
 from fastmode.engine.sampler import make_generator, probs_from_logits, sample_row
 from fastmode.engine.scheduler import ScheduledSeq, SchedulerOutput
 from fastmode.models.attention_batch import AttentionBatch, PrefillSpan
+from fastmode.models.cpu_packing import can_pack, pack_linears
 from fastmode.models.llama import LlamaModel
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, dtype: torch.dtype):
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, dtype: torch.dtype, pack_weights: bool = True):
         cfg = model.cfg
+        if pack_weights and can_pack(model) and not getattr(model, "packed", False):
+            pack_linears(model)
+            model.packed = True
         self.model = model
         self.block_size = block_size
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
