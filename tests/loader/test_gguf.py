@@ -118,3 +118,20 @@ def test_default_model_greedy_matches_transformers(default_llm):
         with torch.no_grad():
             want = ref.generate(torch.tensor([p]), max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=2)
         assert out.token_ids == want[0, len(p) :].tolist()
+
+
+def test_conversion_cache_round_trips_and_survives_damage(tiny_llama_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTMODE_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_gguf_from_hf(tiny_llama_dir, tmp_path / "tiny.gguf", "Q8_0")
+    first = load_model(path, dtype="float32")
+    entries = list((tmp_path / "cache" / "gguf").iterdir())
+    assert len(entries) == 1 and (entries[0] / "tensors.safetensors").exists()
+    second = load_model(path, dtype="float32")
+    for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert second.tokenizer.encode("the quick brown fox") == first.tokenizer.encode("the quick brown fox")
+    (entries[0] / "tensors.safetensors").write_bytes(b"garbage")
+    third = load_model(path, dtype="float32")  # a damaged entry is ignored, not fatal
+    assert torch.equal(third.model.norm.weight, first.model.norm.weight)
+    monkeypatch.setenv("FASTMODE_CACHE_DIR", "off")
+    assert load_model(path, dtype="float32").config == first.config

@@ -16,6 +16,7 @@ import torch
 
 from fastmode.config import ModelConfig, RopeScaling
 from fastmode.loader.errors import ModelLoadError
+from fastmode.loader.gguf_cache import load_cached, store
 
 # Quant types whose dequantization we test and support.
 SUPPORTED_QUANTS = frozenset(
@@ -109,6 +110,10 @@ def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[st
     from gguf.quants import dequantize
 
     source = str(path)
+    cached = load_cached(path)
+    if cached is not None:
+        tensors, meta = cached
+        return config_from_metadata(meta, set(meta["_tensor_names"]), source), tensors, meta
     try:
         reader = GGUFReader(str(path))
     except Exception as e:  # the gguf package raises ValueError/struct errors on a bad file
@@ -136,4 +141,6 @@ def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[st
         elif permute and t.name.endswith(("attn_k.weight", "attn_k.bias")):
             w = _unpermute(w, cfg.num_kv_heads)
         tensors[hf] = torch.from_numpy(np.array(w, copy=True, order="C"))
+    meta["_tensor_names"] = sorted(names)
+    store(path, tensors, meta)
     return cfg, tensors, meta
