@@ -109,3 +109,26 @@ def test_rejection_sampling_preserves_the_target_distribution():
     assert chi2(first, p1) < 20.5
     assert chi2(second_given_accept, p2) < 20.5
     assert abs(second_given_accept.sum() / n - p1[d]) < 0.02  # acceptance rate equals p(d)
+
+
+def test_draft_model_speculation_is_lossless_and_syncs_its_cache(tiny_llama_dir):
+    """A draft identical to the target must have every draft accepted; a weak one changes nothing."""
+    prompts = [list(range(40, 60)), [5, 6, 7, 8] * 5, [300]]
+    ref = LLM(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01)
+    want = [o.token_ids for o in ref.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))]
+    for draft, min_acceptance in [(str(tiny_llama_dir), 0.99), ("layers:1", 0.0)]:
+        llm = LLM(
+            model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01, draft_model=draft,
+            speculative="draft", speculative_tiers="standard", speculative_max_batch=8,
+        )
+        got = [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))]
+        assert got == want
+        rate = llm.engine.spec.stats.acceptance_rate("standard")
+        assert rate is not None and rate >= min_acceptance
+        assert llm.engine.drafter.blocks.num_free_blocks == llm.engine.drafter.blocks.num_blocks
+        assert llm.engine.scheduler.block_manager.num_free_blocks == llm.engine.scheduler_config.num_blocks
+
+
+def test_draft_request_without_a_draft_model_is_rejected(llm):
+    with pytest.raises(ValueError, match="needs a draft model"):
+        llm.generate([[1, 2, 3]], SamplingParams(speculative="draft"))

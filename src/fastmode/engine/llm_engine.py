@@ -71,6 +71,7 @@ class LLMEngine:
             pack_weights=config.pack_weights,
         )
         self.spec = SpecPolicy(config.spec_config())
+        self.drafter = self._load_drafter(config) if config.draft_model else None
         self._tracked: dict[str, _Tracked] = {}
         self._ids = itertools.count()
         self.clock = time.monotonic
@@ -99,6 +100,8 @@ class LLMEngine:
         vocab = self.loaded.config.vocab_size
         if any(t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if params.speculative == "draft" and self.drafter is None:
+            raise ValueError("speculative='draft' needs a draft model; start the engine with draft_model=...")
         rid = request_id or f"req-{next(self._ids)}"
         seq = Sequence(rid, ids, params, Tier.parse(tier), arrival_time_s=self.clock())
         self.scheduler.add(seq)  # validates length; raises ValueError
@@ -109,12 +112,25 @@ class LLMEngine:
         ok = self.scheduler.abort(request_id, self.clock())
         if request_id in self._tracked:
             self._tracked.pop(request_id)
-            self.runner.release(request_id)
-            self.spec.forget(request_id)
+            self._forget(request_id)
         return ok
+
+    def _forget(self, request_id: str) -> None:
+        """Drop per-request state outside the scheduler (generators, spec stats, draft KV)."""
+        self.runner.release(request_id)
+        self.spec.forget(request_id)
+        if self.drafter is not None:
+            self.drafter.release(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
+
+    def _load_drafter(self, config: EngineConfig):
+        from fastmode.speculative.draft_model import DraftModelProposer
+        from fastmode.speculative.draft_source import load_draft
+
+        draft = load_draft(config.draft_model, self.loaded)
+        return DraftModelProposer(draft, self.scheduler_config.num_blocks, self.scheduler_config.block_size, self.loaded.dtype)
 
     def _propose_drafts(self) -> None:
         """Give decoding sequences draft tokens where the policy says speculation pays."""
@@ -125,6 +141,7 @@ class LLMEngine:
         cap = cfg.fast_lane_max_batch if self.scheduler.lane_active() else cfg.max_num_seqs
         if not self.spec.enabled_for_step(min(len(running), cap)):
             return
+        by_model: list[tuple[Sequence, int]] = []
         for seq in running:
             if seq.is_prefilling:
                 continue
@@ -134,7 +151,12 @@ class LLMEngine:
             k = self.spec.num_draft_tokens(seq)
             if k and method == "ngram":
                 seq.draft_token_ids = propose_ngram(seq.token_ids, k)
-            # "draft" (a draft model) proposes through the same field; see speculative/draft_model.py.
+            elif k and method == "draft" and self.drafter is not None:
+                by_model.append((seq, k))
+        if by_model:  # one batched draft run for every sequence that uses the draft model
+            drafts = self.drafter.propose([s for s, _ in by_model], [k for _, k in by_model])
+            for (seq, _), d in zip(by_model, drafts):
+                seq.draft_token_ids = d
 
     def step(self) -> list[RequestOutput]:
         self._propose_drafts()
@@ -177,8 +199,7 @@ class LLMEngine:
         metrics = None
         if finished:
             self._tracked.pop(seq.request_id, None)
-            self.runner.release(seq.request_id)
-            self.spec.forget(seq.request_id)
+            self._forget(seq.request_id)
             metrics = request_metrics(seq, self.config.usd_per_machine_hour)
         return RequestOutput(
             request_id=seq.request_id,

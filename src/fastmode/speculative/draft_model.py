@@ -1,0 +1,112 @@
+"""Draft-model speculation: a small model sharing the target's tokenizer
+proposes k tokens greedily; the target verifies them in one step.
+
+The draft keeps its own paged KV cache and block pool (a `BlockManager`
+without prefix caching), separate from the scheduler's target accounting: if
+the draft pool is full, a sequence simply gets no drafts. Per sequence it
+remembers what it proposed last time, so after verification it keeps the KV
+of the accepted drafts and recomputes only what it has not seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from fastmode.engine.block_manager import BlockManager
+from fastmode.engine.sequence import Sequence
+from fastmode.models.attention_batch import AttentionBatch, PrefillSpan
+from fastmode.models.llama import LlamaModel
+
+
+@dataclass
+class _Shadow:
+    """The draft's view of one sequence (duck-types what BlockManager needs)."""
+
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # positions whose draft KV matches the real tokens
+    pending_start: int = 0  # where last step's drafts began
+    pending: list[int] = field(default_factory=list)  # drafts whose KV (all but the last) is cached
+
+
+class DraftModelProposer:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, dtype: torch.dtype):
+        cfg = model.cfg
+        self.model = model
+        self.block_size = block_size
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
+        self.shadows: dict[str, _Shadow] = {}
+
+    def release(self, request_id: str) -> None:
+        sh = self.shadows.pop(request_id, None)
+        if sh is not None:
+            self.blocks.free(sh)  # type: ignore[arg-type]
+
+    def _sync(self, seq: Sequence, sh: _Shadow) -> None:
+        """Keep the KV of last step's drafts that the target accepted."""
+        if sh.pending:
+            real = seq.token_ids[sh.pending_start : sh.pending_start + len(sh.pending) - 1]
+            keep = 0
+            while keep < len(real) and real[keep] == sh.pending[keep]:
+                keep += 1
+            sh.num_computed_tokens = min(sh.num_computed_tokens, sh.pending_start + keep)
+            sh.pending = []
+        sh.num_computed_tokens = min(sh.num_computed_tokens, len(seq) - 1)
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        """Greedy drafts of length ks[i] for each sequence (shorter if the pool is full)."""
+        live: list[tuple[int, Sequence, _Shadow]] = []
+        for i, (seq, k) in enumerate(zip(seqs, ks)):
+            if k <= 0:
+                continue
+            sh = self.shadows.setdefault(seq.request_id, _Shadow())
+            self._sync(seq, sh)
+            # Room for the catch-up tokens plus k-1 drafted tokens' KV.
+            if self.blocks.allocate(sh, len(seq) - sh.num_computed_tokens + k - 1):  # type: ignore[arg-type]
+                live.append((i, seq, sh))
+        drafts: list[list[int]] = [[] for _ in seqs]
+        if not live:
+            return drafts
+        # Round 0: catch up on real tokens (a span per sequence), take the next token.
+        tokens = self._forward([(seq.token_ids[sh.num_computed_tokens :], sh) for _, seq, sh in live])
+        for (i, seq, sh), t in zip(live, tokens):
+            sh.pending_start = len(seq)
+            sh.num_computed_tokens = len(seq)
+            drafts[i].append(t)
+        # Rounds 1..k-1: one drafted token per sequence that wants more.
+        for r in range(1, max(ks[i] for i, _, _ in live)):
+            active = [(i, seq, sh) for i, seq, sh in live if ks[i] > r]
+            if not active:
+                break
+            tokens = self._forward([([drafts[i][-1]], sh) for i, _, sh in active])
+            for (i, _, sh), t in zip(active, tokens):
+                sh.num_computed_tokens += 1
+                drafts[i].append(t)
+        for i, _, sh in live:
+            sh.pending = list(drafts[i])
+        return drafts
+
+    def _forward(self, items: list[tuple[list[int], _Shadow]]) -> list[int]:
+        """Run token chunks (each at its shadow's frontier) as one batch; argmax per item."""
+        bs = self.block_size
+        ids, pos, slots, spans, rows = [], [], [], [], []
+        for toks, sh in items:
+            start = sh.num_computed_tokens
+            first = len(ids)
+            ids += toks
+            pos += range(start, start + len(toks))
+            slots += [sh.block_table[p // bs] * bs + p % bs for p in range(start, start + len(toks))]
+            ctx = start + len(toks)
+            mask = None
+            if start > 0:
+                mask = torch.arange(ctx).unsqueeze(0) <= torch.arange(start, ctx).unsqueeze(1)
+            spans.append(PrefillSpan(first, len(ids), ctx, torch.tensor(sh.block_table), mask))
+            rows.append(len(ids) - 1)
+        batch = AttentionBatch(torch.tensor(slots), spans, len(ids))
+        logits = self.model(torch.tensor(ids), torch.tensor(pos), batch, self.kv_caches, torch.tensor(rows))
+        return logits.argmax(-1).tolist()
