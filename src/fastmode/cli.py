@@ -18,6 +18,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("chat", "fastmode.commands.chat"),
     ("plan", "fastmode.planner.command"),
     ("chain", "fastmode.planner.chain_command"),
+    ("eval", "fastmode.evals.command"),
 ]
 
 

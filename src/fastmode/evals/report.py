@@ -22,8 +22,10 @@ def _pct(p: Proportion) -> str:
 
 
 def _chain(report: ModelReport) -> str:
+    # Three significant figures: p^10 of a weak model is far below 0.01%,
+    # and printing it as 0.00% would hide how far below.
     c = report.chain
-    return f"{100 * c.value:.2f}% [{100 * c.low:.2f}, {100 * c.high:.2f}]"
+    return f"{100 * c.value:.3g}% [{100 * c.low:.3g}, {100 * c.high:.3g}]"
 
 
 def _num(value: float | None, fmt: str) -> str:

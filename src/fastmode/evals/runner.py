@@ -1,11 +1,11 @@
 """Run the task suite against one `fastmode.LLM` and summarize it.
 
 `evaluate` uses only the public API: `SamplingParams`, `llm.generate`,
-`llm.tokenizer` (`encode`, `apply_chat_template`) and `llm.score` for
-perplexity. All items
-are generated in one batched, greedy `generate` call, so the outputs are
-deterministic and a speculative run can be compared token for token with the
-plain run (lossless speculative decoding must give identical text).
+`llm.tokenizer` (`encode_chat` or `apply_chat_template`, `encode`) and
+`llm.score` for perplexity. Items are generated greedily in batched
+`generate` calls, so the outputs are deterministic and a speculative run can
+be compared token for token with the plain run (lossless speculative decoding
+must give identical text).
 """
 
 from __future__ import annotations
@@ -109,16 +109,24 @@ def _has_field(cls: Any, name: str) -> bool:
 def build_prompts(llm: Any, tasks: Sequence[Task]) -> list[Any]:
     """Chat items through the model's chat template, completion items as raw text.
 
-    If the template returns token ids instead of a string, every prompt is
-    turned into ids so the batch has one prompt type.
+    If any prompt comes back as token ids, every prompt is turned into ids
+    so the batch has one prompt type.
     """
     prompts = [chat_prompt(llm, t.prompt) if t.mode == "chat" else t.prompt for t in tasks]
     return _one_prompt_type(llm, prompts)
 
 
 def chat_prompt(llm: Any, user_text: str) -> Any:
-    """A single user turn rendered by the model's chat template, ready for generation."""
+    """A single user turn rendered by the model's chat template, ready for generation.
+
+    Prefers `tokenizer.encode_chat` (what `llm.chat` uses): the template
+    writes its own BOS, so encoding the rendered text again with special
+    tokens could add a second one.
+    """
     messages = [{"role": "user", "content": user_text}]
+    encode_chat = getattr(llm.tokenizer, "encode_chat", None)
+    if callable(encode_chat):
+        return list(encode_chat(messages, add_generation_prompt=True))
     return llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
@@ -184,12 +192,14 @@ def evaluate(
     measure_speed: bool = True,
     measure_perplexity: bool = True,
     chain_steps: int = 10,
+    batch_size: int | None = None,
 ) -> ModelReport:
     """Generate greedily for every task, check each answer, and measure.
 
     `speculative` ("ngram", "draft", or None/"off") is passed through in
-    `SamplingParams.speculative`. Speed and perplexity can be skipped for quick runs;
-    perplexity raises NotImplementedError if the LLM has no `score`.
+    `SamplingParams.speculative`. `batch_size` caps the prompts per `generate`
+    call (None: all at once). Speed and perplexity can be skipped for quick
+    runs; perplexity raises NotImplementedError if the LLM has no `score`.
     """
     prompts = build_prompts(llm, tasks)
     params = [
@@ -200,8 +210,14 @@ def evaluate(
         )
         for task in tasks
     ]
+    # Chunks of `batch_size` prompts: the engine turns speculation off for
+    # steps with more than a few sequences, so a speculative run must keep its
+    # batches small for speculation to happen at all.
+    step = batch_size or max(1, len(prompts))
+    outputs: list[Any] = []
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params)
+    for i in range(0, len(prompts), step):
+        outputs.extend(llm.generate(prompts[i : i + step], params[i : i + step]))
     generate_s = time.perf_counter() - start
     items = []
     for task, out in zip(tasks, outputs, strict=True):
