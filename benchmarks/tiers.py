@@ -1,0 +1,158 @@
+"""What does the fast lane buy, and what does it cost? (issue: engine fast lane)
+
+Saturates one engine with closed-loop standard streams (default 32), adds a
+few closed-loop fast streams, and measures per tier: output tok/s per request
+(decode speed after the first token), TTFT p50/p99, aggregate throughput and
+the metered price per million output tokens. It sweeps `fast_lane_max_batch`;
+"off" is priority scheduling without a lane -- what vLLM and SGLang offer --
+measured in the same run as the peer.
+
+    .venv/bin/python benchmarks/tiers.py                 # ~6 min on 2 cores
+    .venv/bin/python benchmarks/tiers.py --duration-s 10 --lanes off,4   # quick look
+
+Writes runs/tiers.json and runs/tiers.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import machine, pct, write_json  # noqa: E402
+
+
+def run_one(loaded, lane, args) -> dict:
+    from fastmode import SamplingParams
+    from fastmode.engine.config import EngineConfig
+    from fastmode.engine.llm_engine import LLMEngine
+
+    cfg = EngineConfig(
+        kv_cache_gib=args.kv_cache_gib,
+        max_num_seqs=args.standard_streams + args.fast_streams,
+        max_num_batched_tokens=args.max_batched_tokens,
+        fast_lane_max_batch=None if lane == "off" else int(lane),
+        usd_per_machine_hour=args.usd_per_hour,
+    )
+    eng = LLMEngine(cfg, loaded=loaded)
+    params = SamplingParams(temperature=0, max_tokens=args.output_tokens, ignore_eos=True)
+    prompts = [[(97 * i + 31 * j) % 20000 + 100 for j in range(args.prompt_tokens)] for i in range(4096)]
+    counter = iter(range(10**9))
+
+    def submit(tier: str) -> None:
+        k = next(counter)
+        # "off": the peer is plain priority scheduling, so fast requests still go first.
+        eng.add_request(prompts[k % len(prompts)], params, tier, f"{tier}-{k}")
+
+    for _ in range(args.standard_streams):
+        submit("standard")
+    # Let the standard batch reach steady decoding before fast streams arrive.
+    while any(s.is_prefilling for s in eng.scheduler.running) or eng.scheduler.waiting:
+        eng.step()
+    for _ in range(args.fast_streams):
+        submit("fast")
+    done = {"fast": [], "standard": []}
+    t0 = time.perf_counter()
+    tokens = 0
+    steps = 0
+    while time.perf_counter() - t0 < args.duration_s:
+        for o in eng.step():
+            tokens += len(o.delta_token_ids)
+            if o.finished:
+                done[o.tier].append(o.metrics)
+                submit(o.tier)  # closed loop: keep the load constant
+        steps += 1
+    wall = time.perf_counter() - t0
+    for rid in [s.request_id for s in list(eng.scheduler.running)] + [s.request_id for s in eng.scheduler.waiting]:
+        eng.abort(rid)
+
+    result = {"lane": lane, "wall_s": wall, "steps": steps, "aggregate_tok_s": tokens / wall}
+    for tier, ms in done.items():
+        otps = [(m.completion_tokens - 1) / (m.mean_itl_s * (m.completion_tokens - 1)) for m in ms if m.mean_itl_s]
+        toks = sum(m.completion_tokens for m in ms)
+        cost = sum(m.cost_usd for m in ms)
+        result[tier] = {
+            "finished": len(ms),
+            "otps_mean": sum(otps) / len(otps) if otps else None,
+            "ttft_p50_s": pct([m.ttft_s for m in ms], 50),
+            "ttft_p99_s": pct([m.ttft_s for m in ms], 99),
+            "usd_per_mtok": cost / toks * 1e6 if toks else None,
+            "preemptions": sum(m.num_preemptions for m in ms),
+        }
+    f, s = result["fast"], result["standard"]
+    if f["otps_mean"] and s["otps_mean"]:
+        result["speed_ratio"] = f["otps_mean"] / s["otps_mean"]
+        result["price_ratio"] = f["usd_per_mtok"] / s["usd_per_mtok"]
+    return result
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results if "speed_ratio" in r]
+    labels = [str(r["lane"]) for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.plot(labels, [r["fast"]["otps_mean"] for r in rows], "o-", label="fast")
+    a.plot(labels, [r["standard"]["otps_mean"] for r in rows], "s-", label="standard")
+    a.plot(labels, [r["aggregate_tok_s"] for r in rows], "^--", label="aggregate")
+    a.set_xlabel("fast_lane_max_batch ('off' = priority only)")
+    a.set_ylabel("output tok/s")
+    a.legend()
+    a.set_title("Speed per tier")
+    b.plot([r["price_ratio"] for r in rows], [r["speed_ratio"] for r in rows], "o-")
+    for r in rows:
+        b.annotate(str(r["lane"]), (r["price_ratio"], r["speed_ratio"]))
+    b.scatter([6.0], [2.5], marker="*", s=150, color="red", label="seeds: 2.5x for 6x")
+    b.set_xlabel("fast / standard price per Mtok")
+    b.set_ylabel("fast / standard output tok/s")
+    b.set_title("The trade-off curve")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--lanes", default="off,1,2,4,8", help="fast_lane_max_batch values; 'off' = no lane")
+    p.add_argument("--standard-streams", type=int, default=32)
+    p.add_argument("--fast-streams", type=int, default=2)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--output-tokens", type=int, default=32)
+    p.add_argument("--duration-s", type=float, default=60.0)
+    p.add_argument("--max-batched-tokens", type=int, default=256)
+    p.add_argument("--kv-cache-gib", type=float, default=0.5)
+    p.add_argument("--usd-per-hour", type=float, default=1.0)
+    p.add_argument("--out", default="runs/tiers.json")
+    args = p.parse_args()
+
+    from fastmode.loader import load_model
+
+    loaded = load_model(args.model)
+    print(f"machine: {machine()}  model: {loaded.name} ({loaded.dtype})")
+    results = []
+    print(f"{'lane':>5} {'fast tok/s':>10} {'std tok/s':>10} {'speed x':>8} {'price x':>8} "
+          f"{'agg tok/s':>10} {'fast TTFT p50/p99 s':>20} {'std TTFT p50/p99 s':>19} {'$/Mtok fast/std':>16}")
+    for lane in args.lanes.split(","):
+        r = run_one(loaded, lane, args)
+        results.append(r)
+        f, s = r["fast"], r["standard"]
+        fmt = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+        print(f"{lane:>5} {fmt(f['otps_mean']):>10} {fmt(s['otps_mean']):>10} {fmt(r.get('speed_ratio'), 2):>8} "
+              f"{fmt(r.get('price_ratio'), 2):>8} {fmt(r['aggregate_tok_s']):>10} "
+              f"{fmt(f['ttft_p50_s'], 2) + '/' + fmt(f['ttft_p99_s'], 2):>20} "
+              f"{fmt(s['ttft_p50_s'], 2) + '/' + fmt(s['ttft_p99_s'], 2):>19} "
+              f"{fmt(f['usd_per_mtok'], 2) + '/' + fmt(s['usd_per_mtok'], 2):>16}", flush=True)
+    out = write_json(args.out, {"machine": machine(), "args": vars(args), "results": results})
+    plot(results, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
