@@ -19,6 +19,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("plan", "fastmode.planner.command"),
     ("chain", "fastmode.planner.chain_command"),
     ("eval", "fastmode.evals.command"),
+    ("serve", "fastmode.server.command"),
 ]
 
 

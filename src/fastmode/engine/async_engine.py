@@ -51,14 +51,28 @@ class AsyncEngine:
     # -- engine thread -----------------------------------------------------
     def _loop(self) -> None:
         while not self._closed:
-            with self._lock:
-                busy = self.engine.has_unfinished()
-                outputs = self.engine.step() if busy else []
+            try:
+                with self._lock:
+                    busy = self.engine.has_unfinished()
+                    outputs = self.engine.step() if busy else []
+            except Exception as e:  # a bug outside the model step: fail what is in flight, keep serving
+                log.exception("engine step failed; aborting in-flight requests")
+                with self._lock:
+                    rids = list(self._queues)
+                    for rid in rids:
+                        self.engine.abort(rid)
+                for rid in rids:
+                    self._deliver(e, rid)
+                continue
             for o in outputs:
                 self._deliver(o)
             if not busy:
                 self._wake.wait(0.05)
                 self._wake.clear()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
 
     def _deliver(self, o: RequestOutput | BaseException, request_id: str | None = None) -> None:
         rid = request_id or o.request_id  # type: ignore[union-attr]

@@ -1,0 +1,136 @@
+"""Admission: which tier serves a request, or why it is refused, before it reaches the engine.
+
+Order of checks (each refusal is a clear error instead of unbounded latency):
+1. the engine queue is full -> overloaded (503 OpenAI, 529 Anthropic);
+   flex is refused earlier, at `flex_queue_fraction` of the bound (429);
+2. fast wanted and the fast lane is full (fast requests in flight >=
+   fast_lane_max_batch * fast_lane_full_factor) -> explicit fast: 429;
+   `service_tier=auto`: served as standard, and the response says why;
+3. the tier's rate limits -> 429 with retry-after (auto falls back again).
+
+Requests in flight are counted here, from admission to `settle()`, so two
+requests admitted in the same event-loop turn see each other even before the
+engine thread has queued them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastmode.engine.llm_engine import LLMEngine
+from fastmode.engine.tiers import Tier
+from fastmode.server.config import ServerConfig
+from fastmode.server.errors import ApiError
+from fastmode.server.metrics import ServerMetrics
+from fastmode.server.ratelimit import LimitState, RateLimiter
+
+# How long a client refused by a full fast lane should wait: a fast request
+# lasts a few seconds at most, so this is a poll interval, not a promise.
+_LANE_RETRY_S = 1.0
+
+
+@dataclass(frozen=True)
+class TierChoice:
+    """What the client asked for: a tier, and whether it may be served below fast."""
+
+    tier: Tier
+    requested: str | None  # as the client spelled it (None: not sent), echoed in responses
+    auto: bool = False  # fast if there is room, else standard
+
+
+@dataclass
+class Admission:
+    tier: Tier
+    requested: str | None
+    fallback_reason: str | None
+    max_output_tokens: int
+    rate_limits: list[LimitState]
+    _controller: "AdmissionController | None" = field(default=None, repr=False)
+    _settled: bool = False
+
+    def settle(self, num_output_tokens: int) -> None:
+        """The request is over: stop counting it and refund unused output tokens. Idempotent."""
+        if self._settled or self._controller is None:
+            return
+        self._settled = True
+        self._controller._release(self, num_output_tokens)
+
+
+class AdmissionController:
+    def __init__(self, config: ServerConfig, engine: LLMEngine, limiter: RateLimiter, metrics: ServerMetrics):
+        self.config = config
+        self.engine = engine
+        self.limiter = limiter
+        self.metrics = metrics
+        self.in_flight = {t: 0 for t in Tier}
+        sc = engine.scheduler_config
+        lane = sc.fast_lane_max_batch or sc.max_num_seqs
+        self.fast_capacity = max(1, int(lane * config.fast_lane_full_factor))
+
+    def _num_waiting(self) -> int:
+        # Read without the engine lock: the lock is held for whole steps, and
+        # taking it here would stall the event loop. A length read is safe and
+        # at worst one step stale, which is fine for a queue bound.
+        return len(self.engine.scheduler.waiting)
+
+    def admit(self, choice: TierChoice, input_tokens: int, max_output_tokens: int) -> Admission:
+        tier, reason = choice.tier, None
+        waiting = self._num_waiting()
+        if waiting >= self.config.max_waiting_requests:
+            self._reject(tier, "queue_full")
+            raise ApiError(
+                "overloaded",
+                f"the server is overloaded: {waiting} requests are already waiting; retry later",
+                code="server_overloaded", retry_after_s=_LANE_RETRY_S,
+            )
+        if tier is Tier.FLEX and waiting >= self.config.max_waiting_requests * self.config.flex_queue_fraction:
+            self._reject(tier, "flex_unavailable")
+            raise ApiError(
+                "rate_limit", "Resource Unavailable: flex capacity is exhausted right now; retry later or use default",
+                code="resource_unavailable", retry_after_s=_LANE_RETRY_S,
+            )
+        if tier is Tier.FAST:
+            full = self.in_flight[Tier.FAST] >= self.fast_capacity
+            if full and not choice.auto:
+                self._reject(tier, "fast_lane_full")
+                raise ApiError(
+                    "rate_limit",
+                    f"the fast lane is full ({self.in_flight[Tier.FAST]} fast requests in flight, capacity "
+                    f"{self.fast_capacity}); retry later or send the request without fast mode",
+                    code="fast_lane_full", retry_after_s=_LANE_RETRY_S,
+                )
+            if full:
+                tier, reason = Tier.STANDARD, "fast lane full"
+            elif choice.auto:
+                # auto tries fast's limits first and, refused, is served (and billed) as standard.
+                if self.limiter.try_acquire(Tier.FAST, input_tokens, max_output_tokens) is None:
+                    return self._admitted(Tier.FAST, choice, None, max_output_tokens)
+                tier, reason = Tier.STANDARD, "fast rate limit reached"
+        if reason is not None:
+            self.metrics.fallbacks.labels(reason).inc()
+        refusal = self.limiter.try_acquire(tier, input_tokens, max_output_tokens)
+        if refusal is not None:
+            self._reject(tier, "rate_limit")
+            what = refusal.kind.replace("_", " ")
+            if refusal.needed > refusal.limit:
+                msg = (f"request too large for the {tier.value} tier: it needs {int(refusal.needed)} {what} "
+                       f"but the limit is {int(refusal.limit)} per minute")
+            else:
+                msg = (f"rate limit reached for the {tier.value} tier: {int(refusal.limit)} {what} per minute; "
+                       f"retry in {refusal.retry_after_s:.1f} s")
+            raise ApiError(
+                "rate_limit", msg, code="rate_limit_exceeded", param=refusal.kind,
+                retry_after_s=refusal.retry_after_s, rate_limits=(tier, self.limiter.states(tier)),
+            )
+        return self._admitted(tier, choice, reason, max_output_tokens)
+
+    def _admitted(self, tier: Tier, choice: TierChoice, reason: str | None, max_output_tokens: int) -> Admission:
+        self.in_flight[tier] += 1
+        return Admission(tier, choice.requested, reason, max_output_tokens, self.limiter.states(tier), self)
+
+    def _reject(self, tier: Tier, reason: str) -> None:
+        self.metrics.rejected.labels(tier.value, reason).inc()
+
+    def _release(self, a: Admission, num_output_tokens: int) -> None:
+        self.in_flight[a.tier] -= 1
+        self.limiter.refund_output(a.tier, a.max_output_tokens - num_output_tokens)

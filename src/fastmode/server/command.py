@@ -1,0 +1,107 @@
+"""`fastmode serve`: the server on the command line.
+
+Every engine flag is generated from an `EngineConfig` field and every server
+flag from a `ServerConfig` field (name -> --kebab-case, type from the
+annotation, help from the field's comment), so a new config field is a new
+flag without touching this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+import sys
+import typing
+from typing import Any
+
+_NONE_WORDS = ("none", "null", "off")
+
+
+def _comments(cls: type) -> dict[str, str]:
+    """Field name -> its trailing `# comment` in the class source (the flag's help)."""
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    return {m[1]: m[2].strip() for m in re.finditer(r"^\s+(\w+):[^#\n]*#\s*(.+)$", src, re.M)}
+
+
+def _parser_for(tp: Any):
+    """(argparse type callable, is_bool) for a field annotation such as `int | None`."""
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), tp) if args else tp
+    if base is bool:
+        return None, True
+    conv = base if base in (int, float, str) else str
+
+    def parse(text: str):
+        if optional and text.lower() in _NONE_WORDS:
+            return None
+        return conv(text)
+
+    parse.__name__ = conv.__name__  # argparse names the type in its error messages
+    return parse, False
+
+
+def add_dataclass_args(p: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (), title: str | None = None) -> None:
+    group = p.add_argument_group(title or cls.__name__)
+    hints = typing.get_type_hints(cls)
+    notes = _comments(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        parse, is_bool = _parser_for(hints[f.name])
+        flag = "--" + f.name.replace("_", "-")
+        note = notes.get(f.name, "")
+        help_text = f"{note} (default: {f.default})" if note else f"default: {f.default}"
+        if is_bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+        else:
+            group.add_argument(flag, dest=f.name, type=parse, default=f.default, help=help_text)
+
+
+def _pick(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from fastmode.engine.config import EngineConfig
+    from fastmode.server.config import ServerConfig
+
+    p = sub.add_parser(
+        "serve", help="serve the OpenAI and Anthropic APIs (HTTP, SSE, WebSocket)",
+        description="Serve one model over the OpenAI and Anthropic APIs. Flags whose default is None accept 'none'.",
+    )
+    add_dataclass_args(p, ServerConfig, title="server")
+    add_dataclass_args(p, EngineConfig, title="engine")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from fastmode.engine.config import EngineConfig
+    from fastmode.engine.llm_engine import LLMEngine
+    from fastmode.loader import ModelLoadError
+    from fastmode.server.app import create_app
+    from fastmode.server.config import ServerConfig, api_key_from_env
+
+    try:
+        server_kwargs = _pick(ServerConfig, args)
+        server_kwargs["api_key"] = api_key_from_env(server_kwargs.get("api_key"))
+        server_config = ServerConfig(**server_kwargs)
+        engine = LLMEngine(EngineConfig(**_pick(EngineConfig, args)))
+    except (ModelLoadError, ValueError) as e:
+        print(f"fastmode: {e}", file=sys.stderr)
+        return 2
+    app = create_app(engine, server_config)
+    auth = "API key required" if server_config.api_key else "no API key"
+    print(f"fastmode: serving {server_config.served_model_name or engine.model_name} on "
+          f"http://{server_config.host}:{server_config.port} ({auth})", file=sys.stderr)
+    uvicorn.run(app, host=server_config.host, port=server_config.port, log_level=args.log_level,
+                timeout_graceful_shutdown=int(server_config.drain_timeout_s))
+    return 0

@@ -1,0 +1,140 @@
+"""Errors in each dialect's own format, whatever raised them.
+
+Routes raise `ApiError(kind, message)`; the handlers here render it as
+OpenAI's `{"error": {message, type, param, code}}` or Anthropic's
+`{"type": "error", "error": {type, message}}`, chosen by the request path.
+FastAPI's validation errors (malformed JSON, wrong types, missing fields) and
+Starlette's 404/405 go through the same renderer, so a client never sees a
+framework-shaped error.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fastmode.engine.tiers import Tier
+from fastmode.server.ratelimit import LimitState, anthropic_headers, openai_headers, retry_after_header
+
+log = logging.getLogger(__name__)
+
+OPENAI, ANTHROPIC = "openai", "anthropic"
+
+
+@dataclass(frozen=True)
+class _Kind:
+    status: int
+    openai_type: str
+    anthropic_type: str
+    anthropic_status: int | None = None  # when Anthropic uses another code
+
+
+KINDS = {
+    "invalid_request": _Kind(400, "invalid_request_error", "invalid_request_error"),
+    "authentication": _Kind(401, "invalid_request_error", "authentication_error"),
+    "not_found": _Kind(404, "invalid_request_error", "not_found_error"),
+    "method_not_allowed": _Kind(405, "invalid_request_error", "invalid_request_error"),
+    "rate_limit": _Kind(429, "rate_limit_error", "rate_limit_error"),
+    "overloaded": _Kind(503, "server_error", "overloaded_error", anthropic_status=529),
+    "server_error": _Kind(500, "server_error", "api_error"),
+}
+
+
+class ApiError(Exception):
+    """An error answer. `param`/`code` fill OpenAI's fields; `retry_after_s` and
+    `rate_limits` become retry-after and the dialect's rate-limit headers."""
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+        rate_limits: tuple[Tier, list[LimitState]] | None = None,
+    ):
+        super().__init__(message)
+        if kind not in KINDS:
+            raise ValueError(f"unknown error kind {kind!r}")
+        self.kind, self.message, self.param, self.code = kind, message, param, code
+        self.retry_after_s = retry_after_s
+        self.rate_limits = rate_limits
+
+    def status(self, dialect: str) -> int:
+        k = KINDS[self.kind]
+        return (k.anthropic_status or k.status) if dialect == ANTHROPIC else k.status
+
+    def body(self, dialect: str) -> dict:
+        k = KINDS[self.kind]
+        if dialect == ANTHROPIC:
+            return {"type": "error", "error": {"type": k.anthropic_type, "message": self.message}}
+        return {"error": {"message": self.message, "type": k.openai_type, "param": self.param, "code": self.code}}
+
+    def headers(self, dialect: str) -> dict[str, str]:
+        h = {}
+        if self.retry_after_s is not None:
+            h["retry-after"] = retry_after_header(self.retry_after_s)
+        if self.rate_limits is not None:
+            tier, states = self.rate_limits
+            h.update(anthropic_headers(tier, states) if dialect == ANTHROPIC else openai_headers(states))
+        return h
+
+    def response(self, dialect: str) -> JSONResponse:
+        return JSONResponse(self.body(dialect), status_code=self.status(dialect), headers=self.headers(dialect))
+
+
+def dialect_of(path: str) -> str:
+    return ANTHROPIC if path.startswith("/v1/messages") else OPENAI
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """One readable message (and OpenAI's `param`) from pydantic's error list."""
+    if not errors:
+        return "invalid request", None
+    parts, first_param = [], None
+    for e in errors[:3]:
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        first_param = first_param or param
+        kind = e.get("type")
+        if kind == "json_invalid":
+            return f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None
+        if not loc and kind in ("missing", "model_attributes_type", "dict_type", "model_type"):
+            return "the request body must be a JSON object (send Content-Type: application/json)", None
+        if kind == "extra_forbidden":
+            parts.append(f"Unrecognized request argument supplied: {param}")
+        else:
+            parts.append(f"{param}: {e.get('msg', 'invalid value')}" if param else str(e.get("msg")))
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    return "; ".join(parts) + more, first_param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return exc.response(dialect_of(request.url.path))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_message(list(exc.errors()))
+        return ApiError("invalid_request", message, param=param).response(dialect_of(request.url.path))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {401: "authentication", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        if kind is None:
+            kind = "server_error" if exc.status_code >= 500 else "invalid_request"
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return ApiError(kind, message).response(dialect_of(request.url.path))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        err = ApiError("server_error", f"internal error: {type(exc).__name__}: {exc}")
+        return err.response(dialect_of(request.url.path))

@@ -1,0 +1,189 @@
+"""Running one request for any dialect: length checks, the engine stream,
+metrics, and cleanup when the client goes away.
+
+A `Job` adds its request to the engine on first iteration, not before, so a
+response that never starts (the client left first) leaves nothing in the
+engine; `Job.close()` settles its admission whatever happened. Streaming
+responses close their generator when the connection ends (`SSEResponse`),
+non-streaming ones race the work against the client's disconnect (`collect`),
+and in both cases closing the generator aborts the engine request and frees
+its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Send
+
+from fastmode.engine.async_engine import EngineClosedError
+from fastmode.engine.llm_engine import LLMEngine, RequestOutput
+from fastmode.sampling_params import SamplingParams
+from fastmode.server.admission import Admission
+from fastmode.server.errors import ApiError
+from fastmode.server.state import ServerState
+
+
+def resolve_max_tokens(engine: LLMEngine, prompt_len: int, max_tokens: int | None, param: str = "max_tokens") -> int:
+    """The output budget; None means "up to the context limit". 400 when it cannot fit."""
+    limit = engine.max_model_len
+    if prompt_len >= limit:
+        raise ApiError(
+            "invalid_request", f"the prompt has {prompt_len} tokens; this model's context limit is {limit} tokens",
+            param="messages", code="context_length_exceeded",
+        )
+    if max_tokens is None:
+        max_tokens = limit - prompt_len
+    elif prompt_len + max_tokens > limit:
+        raise ApiError(
+            "invalid_request",
+            f"{param} is too large: the prompt ({prompt_len} tokens) plus {param} ({max_tokens}) exceeds "
+            f"the context limit of {limit} tokens; ask for at most {limit - prompt_len}",
+            param=param, code="context_length_exceeded",
+        )
+    sc = engine.scheduler_config
+    if -(-(prompt_len + 1) // sc.block_size) > sc.num_blocks:
+        raise ApiError("invalid_request", f"a prompt of {prompt_len} tokens can never fit in this server's KV cache")
+    return max_tokens
+
+
+def make_params(**kwargs) -> SamplingParams:
+    """SamplingParams from the fields a client set (None = our default); bad values -> 400."""
+    try:
+        return SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
+    except ValueError as e:
+        raise ApiError("invalid_request", str(e)) from e
+
+
+def stop_details(o: RequestOutput, params: SamplingParams, tokenizer) -> tuple[str, str | None]:
+    """Why a finished request stopped: ("eos" | "stop_string" | "length", the stop string matched)."""
+    if o.finish_reason == "length":
+        return "length", None
+    last = o.token_ids[-1] if o.token_ids else None
+    if not params.stop or last in tokenizer.eos_token_ids or last in params.stop_token_ids:
+        return "eos", None
+    # The returned text ends where the stop string began: the full decode shows which one it was.
+    full = tokenizer.decode(o.token_ids)
+    at = len(o.text)
+    for s in params.stop:
+        if full.startswith(s, at) or o.text.endswith(s):
+            return "stop_string", s
+    found = [(full.find(s), s) for s in params.stop if s in full]
+    return "stop_string", min(found)[1] if found else params.stop[0]
+
+
+class Job:
+    """One engine request as the server runs it."""
+
+    def __init__(self, state: ServerState, prompt_ids: list[int], params: SamplingParams, admission: Admission):
+        self.state = state
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.admission = admission
+        self.last: RequestOutput | None = None
+        self.finished = False
+
+    @property
+    def tier(self) -> str:
+        return self.admission.tier.value
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        metrics, num_out = self.state.metrics, 0
+        try:
+            engine = self.state.running
+            try:
+                rid = engine.add_request(self.prompt_ids, self.params, self.admission.tier)
+            except EngineClosedError as e:
+                raise ApiError("overloaded", "the server is shutting down and takes no new requests") from e
+            except ValueError as e:
+                raise ApiError("invalid_request", str(e)) from e
+            prev_s = None
+            async with aclosing(engine.stream(rid)) as stream:
+                async for o in stream:
+                    now = time.perf_counter()
+                    n = len(o.delta_token_ids)
+                    metrics.observe_tokens(self.tier, n, None if prev_s is None else now - prev_s)
+                    prev_s = now if n else prev_s
+                    num_out, self.last = len(o.token_ids), o
+                    if o.finished:
+                        self.finished = True
+                        if o.metrics is not None:
+                            metrics.observe_finished(o.metrics, o.finish_reason or "unknown")
+                        if o.finish_reason == "error":
+                            raise ApiError("server_error", "the engine failed while running this request; it did not complete")
+                    yield o
+        except EngineClosedError as e:
+            raise ApiError("overloaded", "the server shut down before this request finished") from e
+        finally:
+            if not self.finished:
+                metrics.aborted.labels(self.tier).inc()
+            self.admission.settle(num_out)
+
+    def close(self) -> None:
+        self.admission.settle(self.last and len(self.last.token_ids) or 0)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def collect(request: Request, job: Job) -> RequestOutput | None:
+    """Run a non-streaming request to its end; None if the client left (the request is aborted)."""
+
+    async def consume() -> RequestOutput | None:
+        async with aclosing(job.outputs()) as outs:
+            async for _ in outs:
+                pass
+        return job.last
+
+    work = asyncio.ensure_future(consume())
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (work, watch):
+            t.cancel()
+        await asyncio.gather(work, watch, return_exceptions=True)
+        job.close()
+    if work.done() and not work.cancelled():
+        return work.result()  # raises the job's ApiError, if any
+    return None
+
+
+def client_gone() -> Response:
+    return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+
+
+def sse_event(data: dict | str, event: str | None = None) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    """Server-sent events whose generator is always closed when the connection ends.
+
+    Starlette cancels the sending task on disconnect; if that happens while the
+    generator is suspended at a `yield`, nothing would close it and the engine
+    request would run on. Closing it here aborts the request at once.
+    """
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None], headers: dict[str, str] | None = None):
+        h = {"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})}
+        super().__init__(content, media_type="text/event-stream", headers=h)
+        self._on_close = on_close
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            self._on_close()

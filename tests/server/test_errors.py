@@ -1,0 +1,73 @@
+"""Bad input answered in each dialect's own error format (raw httpx)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.server.conftest import chat_body
+
+
+def post(http, server, path, **kw):
+    return http.post(server.url + path, **kw)
+
+
+def openai_error(r, status):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err
+
+
+def anthropic_error(r, status):
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+    return body["error"]
+
+
+def test_malformed_json(server, http):
+    headers = {"content-type": "application/json"}
+    err = openai_error(post(http, server, "/v1/chat/completions", content=b'{"model": ', headers=headers), 400)
+    assert "not valid JSON" in err["message"]
+    err = anthropic_error(post(http, server, "/v1/messages", content=b"{nope", headers=headers), 400)
+    assert "not valid JSON" in err["message"]
+    assert "JSON object" in openai_error(post(http, server, "/v1/chat/completions", content=b"[1, 2]", headers=headers), 400)["message"]
+
+
+@pytest.mark.parametrize(
+    "change, param",
+    [({"max_tokens": "many"}, "max_tokens"), ({"temperature": -0.5}, "temperature"), ({"messages": []}, "messages"),
+     ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"), ({"top_p": 0}, "top_p"),
+     ({"max_tokens": 0}, "max_tokens")],
+)
+def test_wrong_types_and_values_are_400(server, change, param, http):
+    err = openai_error(post(http, server, "/v1/chat/completions", json={**chat_body(server.model), **change}), 400)
+    assert err["type"] == "invalid_request_error" and err["param"] == param
+
+
+def test_context_limits(server, http):
+    limit = server.engine.max_model_len
+    long_text = "a b " * limit
+    err = openai_error(post(http, server, "/v1/chat/completions", json=chat_body(server.model, content=long_text)), 400)
+    assert err["code"] == "context_length_exceeded" and str(limit) in err["message"]
+    err = openai_error(post(http, server, "/v1/chat/completions", json=chat_body(server.model, max_tokens=limit)), 400)
+    assert err["param"] == "max_tokens" and "exceeds the context limit" in err["message"]
+    body = {**chat_body(server.model), "max_tokens": None, "max_completion_tokens": limit}
+    assert openai_error(post(http, server, "/v1/chat/completions", json=body), 400)["param"] == "max_completion_tokens"
+    r = post(http, server, "/v1/messages", json={"model": server.model, "max_tokens": limit, "messages": [{"role": "user", "content": "hi"}]})
+    assert "context limit" in anthropic_error(r, 400)["message"]
+    # max_tokens omitted: the rest of the context, as OpenAI does.
+    ok = post(http, server, "/v1/completions", json={"model": server.model, "prompt": [1] * (limit - 3), "max_tokens": None})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 3
+
+
+def test_bad_token_ids_and_unknown_routes(server, http):
+    err = openai_error(post(http, server, "/v1/completions", json={"model": server.model, "prompt": [10**9]}), 400)
+    assert err["param"] == "prompt"
+    assert openai_error(http.get(server.url + "/v1/nothing-here"), 404)["type"] == "invalid_request_error"
+    anthropic_error(http.get(server.url + "/v1/messages"), 405)
+    assert openai_error(http.get(server.url + "/v1/models/other-model"), 404)["code"] == "model_not_found"
+
+
+def test_health(server, http):
+    assert http.get(server.url + "/health").json() == {"status": "ok"}
