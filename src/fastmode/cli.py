@@ -20,6 +20,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("chain", "fastmode.planner.chain_command"),
     ("eval", "fastmode.evals.command"),
     ("serve", "fastmode.server.command"),
+    ("distill", "fastmode.distill.command"),
 ]
 
 

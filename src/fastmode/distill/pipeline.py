@@ -1,0 +1,204 @@
+"""`fastmode distill` end to end: data, training under a time budget, checkpoints, export.
+
+Files in the output folder:
+
+    answers.jsonl      the teacher's answers to prompts.txt (generated once, reused)
+    checkpoint.pt      student + AdamW + RNG + stream position (every --checkpoint-every steps)
+    train_log.jsonl    one line per step: losses, learning rate, elapsed seconds
+    spark.safetensors  the exported student (layers + final norm) with its JSON record
+    spark.json         a readable copy of that record
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastmode.distill.answers import load_prompts, teacher_answers
+from fastmode.distill.corpus import Document, keep_clean, shakespeare_documents, stdlib_documents, text_pieces
+from fastmode.distill.defaults import DEFAULT_MIX
+from fastmode.distill.export import MAX_BYTES, save_spark, teacher_identity
+from fastmode.distill.stream import SourceCursor, WindowStream
+from fastmode.distill.student import own_state
+from fastmode.distill.train import Trainer, TrainConfig, load_checkpoint, save_checkpoint
+from fastmode.loader import LoadedModel
+from fastmode.loader.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+PIECE_CHARS = 6000  # ~1,500 tokens: several windows per piece, many pieces per source
+PROBE_SEED_OFFSET = 1_000_003  # the probe batch comes from its own stream, not from the training order
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    """Everything about a run that is not the maths (that is `TrainConfig`)."""
+
+    out_dir: Path
+    model: str | None = None  # teacher; None = the embedded default model
+    resume: bool = False
+    max_steps: int | None = None  # stop at this step (None: at the time budget); resuming may raise it
+    max_minutes: float = 60.0  # training wall time, summed over resumed sessions
+    checkpoint_every: int = 25  # steps
+    mix: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
+    answer_max_tokens: int = 128
+    export_format: str = "auto"
+    max_bytes: int = MAX_BYTES
+    progress: bool = True
+
+
+def load_sources(mix: Mapping[str, float], answer_docs: list[Document]) -> dict[str, list[Document]]:
+    """Clean, split documents of every source with weight > 0 (a source may come back empty)."""
+    loaders = {"stdlib": stdlib_documents, "shakespeare": shakespeare_documents, "answers": lambda: answer_docs}
+    sources = {}
+    for name, weight in mix.items():
+        if name not in loaders:
+            raise ValueError(f"unknown data source {name!r}; sources: {', '.join(loaders)}")
+        if weight > 0:
+            sources[name] = text_pieces(keep_clean(loaders[name]()), PIECE_CHARS)
+    return sources
+
+
+def make_stream(sources: Mapping[str, list[Document]], tokenizer: Tokenizer, cfg: TrainConfig,
+                mix: Mapping[str, float], seed: int) -> WindowStream:
+    """A window stream over the non-empty sources; text is separated by <|endoftext|> (or EOS)."""
+    separator = tokenizer.backend.token_to_id("<|endoftext|>")
+    separator = tokenizer.eos_token_id if separator is None else separator
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    cursors = [SourceCursor(name, docs, encode, separator, seed) for name, docs in sources.items() if docs]
+    return WindowStream(cursors, mix, seed, cfg.batch_size, cfg.seq_len)
+
+
+def _truncate_log(path: Path, last_step: int) -> None:
+    # Steps after the checkpoint are redone on resume; drop their old lines so each step appears once.
+    if path.exists():
+        lines = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= last_step]
+        path.write_text("".join(ln + "\n" for ln in lines))
+
+
+@contextmanager
+def _stop_on_first_ctrl_c() -> Iterator[Callable[[], bool]]:
+    """Yield a "was Ctrl-C pressed?" check; the first Ctrl-C only sets it, a second one interrupts.
+
+    Stopping between steps keeps the checkpoint consistent: a step cut in the
+    middle has consumed its batch without updating the weights.
+    """
+    pressed = []
+
+    def handler(signum, frame):
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(True)
+        log.warning("Ctrl-C: stopping after this step (checkpoint + export); press again to abort")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False  # signal handlers can only be set from the main thread
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield lambda: bool(pressed)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) -> dict[str, Any]:
+    """Train (or resume) and export; returns the JSON record written beside the weights."""
+    out = Path(opts.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_path, log_path = out / "checkpoint.pt", out / "train_log.jsonl"
+    if ckpt_path.exists() and not opts.resume:
+        raise FileExistsError(f"{ckpt_path} exists: pass --resume to continue it, or choose another --out")
+    if opts.resume and not ckpt_path.exists():
+        raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_path}")
+    identity = teacher_identity(teacher.path)
+
+    answers = []
+    if opts.mix.get("answers", 0) > 0:
+        answers = teacher_answers(load_prompts(), out / "answers.jsonl", identity, opts.model, opts.answer_max_tokens)
+    answer_docs = [a.document(teacher.tokenizer.eos_token_id) for a in answers]
+    sources = load_sources(opts.mix, answer_docs)
+    stream = make_stream(sources, teacher.tokenizer, cfg, opts.mix, cfg.seed)
+    probe_batch = make_stream(sources, teacher.tokenizer, cfg, opts.mix, cfg.seed + PROBE_SEED_OFFSET).next_batch()
+
+    trainer = Trainer(teacher.model, stream, cfg)
+    # What decides the data (TrainConfig decides the rest): a resume must see the same stream.
+    data_key = {"teacher": identity, "mix": dict(opts.mix), "answer_max_tokens": opts.answer_max_tokens,
+                "piece_chars": PIECE_CHARS}
+    extra: dict[str, Any] = {"elapsed_s": 0.0, "data": data_key}
+    if opts.resume:
+        state = load_checkpoint(ckpt_path)
+        if state["extra"]["data"] != data_key:
+            raise ValueError(f"checkpoint was made with other data settings: {state['extra']['data']}, now {data_key}")
+        trainer.load_state_dict(state)
+        extra = state["extra"]
+        _truncate_log(log_path, trainer.step)
+        log.info("resumed at step %d", trainer.step)
+    else:
+        log_path.unlink(missing_ok=True)
+        extra["probe_kl_start"] = trainer.evaluate(probe_batch).kl
+
+    def checkpoint() -> None:
+        save_checkpoint(ckpt_path, {**trainer.state_dict(), "extra": extra})
+
+    budget_s = opts.max_minutes * 60
+    last_step_s = 0.0
+    bar = None
+    if opts.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=opts.max_steps, initial=trainer.step, unit="step", desc="distill")
+    with _stop_on_first_ctrl_c() as stop_requested, log_path.open("a") as log_file:
+        while opts.max_steps is None or trainer.step < opts.max_steps:
+            if extra["elapsed_s"] + last_step_s > budget_s or stop_requested():
+                break  # out of budget (the next step would end past it), or Ctrl-C
+            t0 = time.perf_counter()
+            parts = trainer.train_step()
+            last_step_s = time.perf_counter() - t0
+            extra["elapsed_s"] += last_step_s
+            row = {"step": trainer.step, "kl": parts.kl, "ce": parts.ce, "loss": parts.total,
+                   "lr": cfg.lr_at(trainer.step - 1), "elapsed_s": round(extra["elapsed_s"], 2)}
+            log_file.write(json.dumps(row) + "\n")
+            log_file.flush()
+            if bar is not None:
+                bar.set_postfix(kl=f"{parts.kl:.3f}", ce=f"{parts.ce:.3f}",
+                                tok_s=f"{cfg.tokens_per_step / last_step_s:.0f}")
+                bar.update(1)
+            if trainer.step % opts.checkpoint_every == 0:
+                checkpoint()
+    if bar is not None:
+        bar.close()
+    checkpoint()
+
+    rows = [json.loads(ln) for ln in log_path.read_text().splitlines() if ln]
+    tail = rows[-20:]
+    info = {
+        "teacher": identity,
+        "teacher_num_layers": teacher.config.num_layers,
+        "layer_indices": trainer.layer_indices,
+        "summary": {
+            "config": asdict(cfg),
+            "steps": trainer.step,
+            "tokens": trainer.tokens_seen,
+            "train_minutes": round(extra["elapsed_s"] / 60, 2),
+            "data_mix": stream.fractions,
+            "data_pieces": {name: len(docs) for name, docs in sources.items()},
+            "probe_kl_start": extra.get("probe_kl_start"),
+            "probe_kl_end": trainer.evaluate(probe_batch).kl,
+            "last20_mean_kl": sum(r["kl"] for r in tail) / len(tail) if tail else None,
+        },
+    }
+    path = save_spark(out, own_state(trainer.student), info, opts.export_format, opts.max_bytes)
+    info = json.loads((out / "spark.json").read_text())
+    info["path"] = str(path)
+    return info

@@ -1,0 +1,80 @@
+"""`fastmode distill` end to end on the tiny model: train, checkpoint, resume, export, load."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from fastmode.cli import build_parser
+from fastmode.distill import pipeline
+from fastmode.distill.pipeline import DistillOptions, run_distill
+from fastmode.distill.spark import load_spark
+from fastmode.distill.train import Trainer, TrainConfig, load_checkpoint
+from tests.distill.conftest import tiny_sources
+
+MIX = {"code": 0.5, "prose": 0.5}
+
+
+@pytest.fixture
+def tiny_data(monkeypatch):
+    # The real sources (the stdlib, Shakespeare, generated answers) are tested in test_corpus.py.
+    monkeypatch.setattr(pipeline, "load_sources", lambda mix, answer_docs: tiny_sources())
+
+
+def _run(teacher, out, max_steps, resume=False):
+    cfg = TrainConfig(num_layers=2, seq_len=16, batch_size=2, lr=3e-3, warmup_steps=2, decay_steps=8)
+    opts = DistillOptions(out_dir=out, resume=resume, max_steps=max_steps, checkpoint_every=2, mix=MIX, progress=False)
+    return run_distill(teacher, cfg, opts)
+
+
+def test_run_checkpoint_resume_export(tiny_teacher, tmp_path, tiny_data):
+    info = _run(tiny_teacher, tmp_path, max_steps=4)
+    assert info["format"] == "fp32" and info["layer_indices"] == [0, 2]
+    assert info["summary"]["steps"] == 4 and info["file_bytes"] <= 50_000_000
+    assert info["summary"]["probe_kl_end"] < info["summary"]["probe_kl_start"]
+    with pytest.raises(FileExistsError):
+        _run(tiny_teacher, tmp_path, max_steps=6)
+
+    with pytest.raises(ValueError, match="other data settings"):
+        run_distill(tiny_teacher, TrainConfig(num_layers=2, seq_len=16, batch_size=2, lr=3e-3, warmup_steps=2,
+                                              decay_steps=8),
+                    DistillOptions(out_dir=tmp_path, resume=True, mix={"code": 1.0}, progress=False))
+    info = _run(tiny_teacher, tmp_path, max_steps=6, resume=True)
+    assert info["summary"]["steps"] == 6
+    steps = [json.loads(line)["step"] for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 7))
+
+    straight = _run(tiny_teacher, tmp_path / "straight", max_steps=6)
+    assert straight["summary"]["last20_mean_kl"] == info["summary"]["last20_mean_kl"]
+    a, b = load_spark(tmp_path, tiny_teacher), load_spark(tmp_path / "straight", tiny_teacher)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_time_budget_stops_training(tiny_teacher, tmp_path, tiny_data):
+    cfg = TrainConfig(num_layers=2, seq_len=16, batch_size=2)
+    opts = DistillOptions(out_dir=tmp_path, max_minutes=0.0, mix=MIX, progress=False)
+    assert run_distill(tiny_teacher, cfg, opts)["summary"]["steps"] == 1  # the first step always runs
+
+
+def test_ctrl_c_stops_after_the_current_step_and_exports(tiny_teacher, tmp_path, tiny_data, monkeypatch):
+    real_step = Trainer.train_step
+
+    def step_then_ctrl_c(self):
+        parts = real_step(self)
+        if self.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # as if the user pressed Ctrl-C during step 2
+        return parts
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_ctrl_c)
+    info = _run(tiny_teacher, tmp_path, max_steps=10)
+    assert info["summary"]["steps"] == 2 and (tmp_path / "spark.safetensors").exists()
+    assert load_checkpoint(tmp_path / "checkpoint.pt")["step"] == 2
+
+
+def test_cli_registers_distill():
+    args = build_parser().parse_args(["distill", "--num-layers", "8", "--max-minutes", "2", "--mix", "stdlib=1"])
+    assert args.num_layers == 8 and args.max_minutes == 2 and args.mix == {"stdlib": 1.0}
