@@ -26,8 +26,19 @@ def truncated(target: LlamaModel, num_layers: int) -> LlamaModel:
 
 
 def load_draft(spec: str, target: LoadedModel) -> LlamaModel:
+    """`spec`: "layers:N", "spark" (the distilled student in the default place), a Spark
+    export directory, or any checkpoint path sharing the target's tokenizer."""
     if spec.startswith("layers:"):
         return truncated(target.model, int(spec.split(":", 1)[1]))
+    from fastmode.distill import default_spark_dir, is_spark, load_spark
+
+    if spec == "spark":
+        path = default_spark_dir(target.name)
+        if not path.exists():
+            raise ValueError(f"no Spark model at {path}: build it with `fastmode distill`")
+        return load_spark(path, target)
+    if is_spark(spec):
+        return load_spark(spec, target)
     draft = load_model(spec, dtype=str(target.dtype).removeprefix("torch."))
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(
