@@ -149,11 +149,16 @@ def main() -> None:
     p.add_argument("--kv-cache-gib", type=float, default=0.5)
     p.add_argument("--usd-per-hour", type=float, default=1.0)
     p.add_argument("--speculative", default="off", choices=["off", "ngram"], help="fast-tier speculation (off isolates the lane)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--out", default="runs/tiers.json")
     args = p.parse_args()
 
     from fastmode.loader import load_model
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
     print(f"machine: {machine()}  model: {loaded.name} ({loaded.dtype})")
     results = []
