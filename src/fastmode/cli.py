@@ -20,6 +20,8 @@ COMMANDS: list[tuple[str, str]] = [
     ("chain", "fastmode.planner.chain_command"),
     ("eval", "fastmode.evals.command"),
     ("serve", "fastmode.server.command"),
+    ("calibrate", "fastmode.calibrate.command"),
+    ("simulate", "fastmode.sim.command"),
     ("distill", "fastmode.distill.command"),
 ]
 

@@ -6,6 +6,9 @@ For a step that processes `tokens` tokens on `T` devices (tensor parallel):
     t_comp = (2 * active params * tokens + attention FLOPs) / (T * eta_c * FLOP/s)
     t_step = max(t_mem, t_comp, t_floor) + t_comm + t_overhead
 
+with t_overhead = overhead_s + per_token_s * tokens + per_seq_s * sequences
++ per_kv_token_s * cached tokens read (the last three fitted by `fastmode calibrate`).
+
 with t_comm = 2 * layers all-reduces of the step's activations when T > 1, and
 t_floor = layers * per-layer latency on SRAM machines (which also pay one hop
 per pipeline-stage boundary). One formula covers decode, prefill and a mixed
@@ -208,7 +211,8 @@ class CostModel:
         mem_s = bytes_moved / (width * self.eff_eta_m * hw.mem_bw_bytes_per_s)
         comp_s = flops / (width * self.eff_eta_c * hw.peak_flops(self.fmt.compute_dtype))
         floor_s = m.num_layers * hw.layer_floor_s
-        overhead_s = hw.overhead_s + hw.per_token_s * tokens
+        overhead_s = (hw.overhead_s + hw.per_token_s * tokens + hw.per_seq_s * (len(chunks) + len(ctx))
+                      + hw.per_kv_token_s * kv_held)  # the last two are 0 unless calibrated (fastmode calibrate)
         return StepCost(mem_s, comp_s, floor_s, self._comm_s(tokens), overhead_s, bytes_moved, flops, tokens)
 
     def step_s(self, num_prefill_tokens: int = 0, decode_context_lens: Sequence[int] = (),

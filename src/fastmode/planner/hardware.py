@@ -41,6 +41,8 @@ class Hardware:
     eta_c: float = 0.6  # achieved / peak FLOP/s
     overhead_s: float = 0.0  # fixed per engine step (launch, scheduling, sampling)
     per_token_s: float = 0.0  # per token processed in a step (host-side work)
+    per_seq_s: float = 0.0  # per sequence in a step (sampling, per-sequence host work); calibrated engines
+    per_kv_token_s: float = 0.0  # per cached token a sequence's attention reads in a step; calibrated engines
     layer_floor_s: float = 0.0  # SRAM machines: minimum time per layer per step
     hop_latency_s: float = 0.0  # SRAM machines: per pipeline-stage boundary crossed
     usable_mem_frac: float = 0.9
@@ -63,7 +65,8 @@ class Hardware:
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{self.name}: {name} must be in (0, 1]")
         for name in ("link_bw_bytes_per_s", "allreduce_latency_s", "scaleout_bw_bytes_per_s",
-                     "scaleout_latency_s", "overhead_s", "per_token_s", "layer_floor_s", "hop_latency_s"):
+                     "scaleout_latency_s", "overhead_s", "per_token_s", "per_seq_s", "per_kv_token_s",
+                     "layer_floor_s", "hop_latency_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{self.name}: {name} must be >= 0")
         if self.scaleup_domain < 1:
@@ -92,6 +95,8 @@ CALIBRATION_FIELDS: dict[str, tuple[str, float]] = {
     "eta_c": ("eta_c", 1.0),
     "overhead_s": ("overhead_s", 1.0),
     "per_token_s": ("per_token_s", 1.0),
+    "per_seq_s": ("per_seq_s", 1.0),
+    "per_kv_token_s": ("per_kv_token_s", 1.0),
     "layer_floor_s": ("layer_floor_s", 1.0),
     "hop_latency_s": ("hop_latency_s", 1.0),
     "allreduce_latency_s": ("allreduce_latency_s", 1.0),

@@ -1,0 +1,53 @@
+"""One calibration run on an already loaded model: measure, fit, build the calibrated cost model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fastmode.calibrate.calibration_file import calibration_dict
+from fastmode.calibrate.fit import FitResult, fit_step_times
+from fastmode.calibrate.measure import Progress, SweepConfig, measure_decode, measure_prefill
+from fastmode.calibrate.points import StepPoint
+from fastmode.loader import LoadedModel
+from fastmode.planner.catalog import load_hardware
+from fastmode.planner.cost_model import CostModel
+from fastmode.planner.model_spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class CalibrationRun:
+    points: list[StepPoint]
+    fit: FitResult
+    spec: ModelSpec  # the engine's model as the cost model sees it
+    weight_format: str  # "bf16" or "fp32": how the engine holds the weights in memory
+    calibration: dict[str, Any]  # the JSON to write
+    cost_model: CostModel  # calibrated, tp = 1
+
+
+def engine_model_spec(loaded: LoadedModel) -> tuple[ModelSpec, str]:
+    """(ModelSpec, weight format) of a loaded engine model; GGUF weights are dequantised on load."""
+    fmt = "fp32" if str(loaded.dtype).endswith("float32") else "bf16"
+    return ModelSpec.from_config(loaded.name, loaded.config, default_format=fmt), fmt
+
+
+def calibrate_loaded(loaded: LoadedModel, sweep: SweepConfig, hardware: str = "local",
+                     usd_per_hour: float | None = None, progress: Progress = lambda s: None,
+                     points: list[StepPoint] | None = None, fitted_from: str = "") -> CalibrationRun:
+    """Measure `loaded` with `sweep` (or re-fit given `points`) and fit the cost model."""
+    import torch
+
+    if sweep.num_threads:
+        torch.set_num_threads(sweep.num_threads)
+    spec, fmt = engine_model_spec(loaded)
+    if points is None:
+        points = measure_decode(loaded, sweep, progress) + measure_prefill(loaded, sweep, progress)
+        fitted_from = (f"fastmode calibrate: {loaded.name} {fmt}, batches {min(sweep.batches)}-{max(sweep.batches)}, "
+                       f"contexts {','.join(map(str, sweep.contexts))}, chunks {','.join(map(str, sweep.chunk_sizes))}, "
+                       f"{torch.get_num_threads()} threads, {sweep.clock} clock")
+    base = load_hardware(hardware)
+    fit = fit_step_times(points, base, spec, weight_format=fmt)
+    usd = usd_per_hour if usd_per_hour is not None else base.usd_per_hour
+    cal = calibration_dict(fit, points, hardware, loaded.name, fmt, fitted_from, usd)
+    cm = CostModel(fit.apply(base), spec, tp=1, weight_format=fmt)
+    return CalibrationRun(points, fit, spec, fmt, cal, cm)

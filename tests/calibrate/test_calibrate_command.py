@@ -1,0 +1,79 @@
+"""`fastmode calibrate --quick` and the replay driver on the tiny test model (seconds)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fastmode.calibrate.calibration_file import load_points
+from fastmode.cli import main
+from fastmode.planner.catalog import load_hardware
+from fastmode.planner.hardware import Calibration
+
+
+def test_quick_calibration_writes_a_file_the_planner_accepts(tiny_llama_dir, tmp_path, capsys):
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--quick", "--model", str(tiny_llama_dir), "--dtype", "float32", "--threads", "1",
+                 "--clock", "cpu",
+                 "--out", str(out), "--usd-per-hour", "0.2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    d = json.loads(out.read_text())
+    assert d["hardware"] == "local" and d["weight_format"] == "fp32" and d["usd_per_hour"] == 0.2
+    hw = load_hardware("local", calibration=str(out))
+    assert hw.overhead_s == pytest.approx(d["overhead_s"]) and hw.eta_c == pytest.approx(d["eta_c"])
+    assert hw.mem_bw_bytes_per_s == pytest.approx(d["mem_bw_GBps"] * 1e9)
+    assert Calibration.load(out).fitted_from.startswith(f"fastmode calibrate: {tiny_llama_dir.name} fp32")
+    points = load_points(out)
+    kinds = {p.kind for p in points}
+    assert kinds == {"decode", "prefill"} and len(points) == 3 * 2 + 4 + 2  # 3 batches x 2 contexts; chunk 8 at 4 contexts, 32 at 2
+    assert {p.num_decodes for p in points if p.kind == "decode"} == {1, 2, 4}
+    assert all(p.step_s > 0 for p in points)
+    tiers = {p["tier"]: p for p in report["prices"]}
+    assert tiers["standard"]["multiplier"] == 1.0 and tiers["fast"]["batch"] == 4
+    # The simulator takes the file as it is.
+    assert main(["simulate", "--model", "smollm2-135m", "--hardware", "local", "--calibration", str(out),
+                 "--num-requests", "10", "--rate", "1", "--output-len", "8", "--kv-cache-gib", "0.2", "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["aggregate"]["num_requests"] == 10
+    assert sim["setup"]["weight_format"] == "fp32"  # taken from the calibration file
+
+
+def test_replay_finishes_every_request_and_frees_kv(tiny_llama_dir):
+    from fastmode.calibrate.replay import replay
+    from fastmode.engine.config import EngineConfig
+    from fastmode.engine.llm_engine import LLMEngine
+    from fastmode.sim.distributions import ArrivalProcess, LengthDist
+    from fastmode.sim.workload import RequestSpec, WorkloadConfig, generate_workload
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01, max_num_seqs=8,
+                                    num_threads=1, speculative="off"))
+    reqs = generate_workload(WorkloadConfig(16, ArrivalProcess("poisson", 40.0), LengthDist.parse("uniform:8:40"),
+                                            LengthDist.parse("uniform:2:12"), "fast=0.3,standard=0.5,flex=0.2", 1))
+    reqs.append(RequestSpec("late", reqs[-1].arrival_s + 0.2, 20, 3))  # forces an idle wait
+    result = replay(engine, reqs)
+    assert sorted(result.request_ids) == sorted(r.request_id for r in reqs)
+    by_id = {r.request_id: r for r in reqs}
+    for rid, m in zip(result.request_ids, result.requests):
+        assert m.completion_tokens == by_id[rid].output_tokens and m.ttft_s > 0
+    assert result.makespan_s >= reqs[-1].arrival_s
+    sched = engine.scheduler
+    assert sched.block_manager.num_free_blocks == sched.config.num_blocks
+
+
+def test_cpu_clock_needs_one_thread_and_skips_idle_time(tiny_llama_dir):
+    from fastmode.calibrate.measure import SweepConfig
+    from fastmode.calibrate.replay import replay
+    from fastmode.engine.config import EngineConfig
+    from fastmode.engine.llm_engine import LLMEngine
+    from fastmode.sim.workload import RequestSpec
+
+    with pytest.raises(ValueError, match="num_threads = 1"):
+        SweepConfig(clock="cpu", num_threads=2)
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01, num_threads=1,
+                                    speculative="off"))
+    reqs = [RequestSpec("a", 0.0, 10, 3), RequestSpec("b", 500.0, 10, 3)]  # 500 s apart: skipped, not slept
+    result = replay(engine, reqs, clock="cpu")
+    assert sorted(result.request_ids) == ["a", "b"]
+    assert 500.0 < result.makespan_s < 510.0
+    assert all(0 < m.ttft_s < 5.0 for m in result.requests)
