@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastmode.commands.common import add_model_args, add_sampling_args, sampling_from_args
+from fastmode.commands.common import add_model_args, add_sampling_args, load_llm_and_params
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,15 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastmode import LLM
-    from fastmode.loader import ModelLoadError
-
-    try:
-        llm = LLM(model=args.model, dtype=args.dtype)
-        params = sampling_from_args(args)
-    except (ModelLoadError, ValueError) as e:
-        print(f"fastmode: {e}", file=sys.stderr)
+    loaded = load_llm_and_params(args)
+    if loaded is None:
         return 2
+    llm, params = loaded
     messages = [{"role": "system", "content": args.system}] if args.system else []
     print(f"fastmode chat with {llm.engine.model_name} ({args.tier} tier). Empty line quits.", file=sys.stderr)
     while True:

@@ -20,6 +20,21 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tier", default="standard", choices=["fast", "standard", "flex"])
 
 
+def load_llm_and_params(args: argparse.Namespace):
+    """(LLM, SamplingParams) from the shared flags, or None after printing why not."""
+    import sys
+
+    from fastmode import LLM
+    from fastmode.loader import ModelLoadError
+
+    try:
+        params = sampling_from_args(args)
+        return LLM(model=args.model, dtype=args.dtype), params
+    except (ModelLoadError, ValueError) as e:
+        print(f"fastmode: {e}", file=sys.stderr)
+        return None
+
+
 def sampling_from_args(args: argparse.Namespace):
     from fastmode.sampling_params import SamplingParams
 

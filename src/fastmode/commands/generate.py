@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from fastmode.commands.common import add_model_args, add_sampling_args, sampling_from_args
+from fastmode.commands.common import add_model_args, add_sampling_args, load_llm_and_params
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,15 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastmode import LLM
-    from fastmode.loader import ModelLoadError
-
-    try:
-        llm = LLM(model=args.model, dtype=args.dtype)
-        params = sampling_from_args(args)
-    except (ModelLoadError, ValueError) as e:
-        print(f"fastmode: {e}", file=sys.stderr)
+    loaded = load_llm_and_params(args)
+    if loaded is None:
         return 2
+    llm, params = loaded
     tok = llm.tokenizer
     prompt = args.prompt if args.raw or not tok.chat_template else tok.encode_chat([{"role": "user", "content": args.prompt}])
     t0 = time.perf_counter()
