@@ -21,8 +21,8 @@ def resolve_dtype(dtype: str) -> str:
     """"auto": bf16 where the hardware computes it natively, fp32 elsewhere.
 
     On CPUs without AVX-512 BF16/AMX (e.g. AVX2-only EPYC), PyTorch's bf16
-    matmul falls back to a slow path: measured 4-20x slower than fp32 at
-    batch 16-64 on this project's machines.
+    matmul falls back to a slow path: in ad-hoc timings on this project's
+    machines it was several times slower than fp32 at batch 16-64.
     """
     if dtype != "auto":
         return dtype
