@@ -122,6 +122,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         num_full = seq.num_computed_tokens // self.block_size
+        if num_full <= len(seq.block_hashes):  # most decode steps complete no block
+            return
         parent = seq.block_hashes[-1] if seq.block_hashes else 0
         for i in range(len(seq.block_hashes), num_full):
             tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])

@@ -182,8 +182,11 @@ class Scheduler:
             if seq.status is not Status.RUNNING:  # preempted earlier in this loop
                 continue
             limit = cap if seq.tier is Tier.FAST else cap - reserve
+            if len(out.scheduled) >= limit:  # checked first: a lane step skips most residents cheaply
+                out.paused.append(seq)
+                continue
             n, drafts = self._tokens_for(seq, budget)
-            if len(out.scheduled) >= limit or n == 0:
+            if n == 0:
                 out.paused.append(seq)
                 continue
             while not self.block_manager.allocate(seq, n):
