@@ -38,12 +38,7 @@ def plot_bus_curve(points: Sequence[OperatingPoint], path: str | Path, title: st
     p0 = points[0]
     ax_user.set_title(title or f"bus curve: {p0.model} on {p0.devices}x {p0.hardware}, {p0.context_tokens}-token context")
     ax_user.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
 
 
 def plot_frontier(series: Mapping[str, Sequence[OperatingPoint]], path: str | Path, title: str = "") -> Path:
@@ -79,6 +74,13 @@ def plot_frontier(series: Mapping[str, Sequence[OperatingPoint]], path: str | Pa
     ax.set_title(title or "speed / price frontier")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def _save(fig, path) -> Path:
+    """Write `fig` as PNG to `path` (creating its folder) and release it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
