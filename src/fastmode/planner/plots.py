@@ -79,7 +79,7 @@ def plot_frontier(series: Mapping[str, Sequence[OperatingPoint]], path: str | Pa
 
 def _save(fig, path) -> Path:
     """Write `fig` as PNG to `path` (creating its folder) and release it."""
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig.tight_layout()
     out = Path(path)
