@@ -15,7 +15,8 @@ Module map, in the order a run uses them:
 - command    the `fastmode distill` flags (defaults: the torch-free source mix)
 
 Public API (imported lazily so that `fastmode --help` does not import torch):
-`load_spark`, `spark_as_loaded`, `default_spark_dir`, `spark_name`, `is_spark`.
+`load_spark`, `spark_as_loaded`, `default_spark_dir`, `packaged_spark_dir`, `find_spark`,
+`spark_name`, `is_spark`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ _LAZY = {
     "spark_as_loaded": "fastmode.distill.spark",
     "default_spark_dir": "fastmode.distill.spark",
     "spark_name": "fastmode.distill.spark",
+    "find_spark": "fastmode.distill.spark",
+    "packaged_spark_dir": "fastmode.distill.spark",
     "is_spark": "fastmode.distill.export",
 }
 

@@ -12,11 +12,12 @@ for 10 SmolLM2 layers).
 from __future__ import annotations
 
 from dataclasses import replace
+from importlib import resources
 from pathlib import Path
 
 from torch import nn
 
-from fastmode.distill.export import decode, read_spark, teacher_identity
+from fastmode.distill.export import decode, is_spark, read_spark, teacher_identity
 from fastmode.distill.student import SPARK_SUFFIX, assemble
 from fastmode.env import cache_dir
 from fastmode.loader import LoadedModel
@@ -33,6 +34,20 @@ def default_spark_dir(teacher_name: str = DEFAULT_MODEL_NAME) -> Path:
     """Where `fastmode distill` writes by default: <cache>/spark/<teacher>-spark (./<name> with the cache off)."""
     root = cache_dir()
     return (root / "spark" if root is not None else Path(".")) / spark_name(teacher_name)
+
+
+def packaged_spark_dir(teacher_name: str = DEFAULT_MODEL_NAME) -> Path:
+    """The Spark shipped inside the package (fastmode/data/spark/<teacher>-spark); it may not exist."""
+    return Path(str(resources.files("fastmode").joinpath("data", "spark", spark_name(teacher_name))))
+
+
+def find_spark(teacher_name: str = DEFAULT_MODEL_NAME) -> Path | None:
+    """The Spark folder to use for `teacher_name`: the user's own `fastmode distill`
+    output if there is one, else the copy shipped with the package, else None."""
+    for folder in (default_spark_dir(teacher_name), packaged_spark_dir(teacher_name)):
+        if is_spark(folder):
+            return folder
+    return None
 
 
 def load_spark(path: str | Path, teacher: LoadedModel, check_teacher: bool = True) -> LlamaModel:

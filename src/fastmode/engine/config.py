@@ -27,7 +27,7 @@ class EngineConfig:
     speculative_tiers: str = "fast"  # comma-separated tiers that speculate unless a request opts out
     num_speculative_tokens: int = 6  # upper bound on k; the policy adapts k to measured acceptance
     speculative_max_batch: int = 4  # no speculation when more sequences than this decode together
-    draft_model: str | None = None  # path of a draft model sharing the tokenizer, or "layers:N" (the first N target layers)
+    draft_model: str | None = "auto"  # "auto" = the model's Spark if there is one; "spark", a path sharing the tokenizer, "layers:N" (the target's first N layers), None
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float32", "bf16", "fp32"):

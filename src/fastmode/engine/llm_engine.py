@@ -127,9 +127,11 @@ class LLMEngine:
 
     def _load_drafter(self, config: EngineConfig):
         from fastmode.speculative.draft_model import DraftModelProposer
-        from fastmode.speculative.draft_source import load_draft
+        from fastmode.speculative.draft_source import auto_draft, load_draft
 
-        draft = load_draft(config.draft_model, self.loaded)
+        draft = auto_draft(self.loaded) if config.draft_model == "auto" else load_draft(config.draft_model, self.loaded)
+        if draft is None:
+            return None
         return DraftModelProposer(draft, self.scheduler_config.num_blocks, self.scheduler_config.block_size, self.loaded.dtype)
 
     def _propose_drafts(self) -> None:

@@ -58,7 +58,33 @@ def resolve_model_path(model: str | Path | None) -> tuple[Path, str]:
     return path, name
 
 
+def _spark_source(model: str | Path | None) -> Path | None:
+    """The Spark folder/file `model` names: "spark", "<default model>-spark", or a Spark export path."""
+    if model is None:
+        return None
+    from fastmode.distill.export import is_spark
+    from fastmode.distill.spark import find_spark, spark_name
+
+    if str(model) in ("spark", spark_name(DEFAULT_MODEL_NAME)) and not Path(model).exists():
+        found = find_spark(DEFAULT_MODEL_NAME)
+        if found is None:
+            raise ModelLoadError(f"no Spark weights for {DEFAULT_MODEL_NAME}: build them with `fastmode distill`")
+        return found
+    return Path(model) if is_spark(model) else None
+
+
 def load_model(model: str | Path | None = None, dtype: str = "auto", max_positions: int | None = None) -> LoadedModel:
+    """Load `model`: None (the embedded default), a GGUF file, a Hugging Face
+    directory, or a Spark ("spark", "SmolLM2-135M-Instruct-spark", or a Spark
+    export path), which is rebuilt on the default model it was distilled from."""
+    spark = _spark_source(model)
+    if spark is not None:
+        from fastmode.distill.spark import spark_as_loaded
+
+        try:
+            return spark_as_loaded(spark, load_model(None, dtype, max_positions))
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from e
     dtype = resolve_dtype(dtype)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from torch import nn
 
 from fastmode.loader import LoadedModel, load_model
 from fastmode.models.llama import LlamaModel
+
+log = logging.getLogger(__name__)
 
 
 def truncated(target: LlamaModel, num_layers: int) -> LlamaModel:
@@ -25,17 +28,38 @@ def truncated(target: LlamaModel, num_layers: int) -> LlamaModel:
     return draft
 
 
+def auto_draft(target: LoadedModel) -> LlamaModel | None:
+    """The default draft: the target's Spark student when one exists for it (see
+    `find_spark`), else None (n-gram drafting still works without a draft model).
+
+    A Spark distilled from a different checkpoint of the same name is skipped
+    with a warning rather than failing the engine: the default must never
+    stop a model from loading.
+    """
+    from fastmode.distill import find_spark, load_spark
+
+    path = find_spark(target.name)
+    if path is None:
+        return None
+    try:
+        return load_spark(path, target)
+    except ValueError as e:
+        log.warning("not using %s as the default draft: %s", path, e)
+        return None
+
+
 def load_draft(spec: str, target: LoadedModel) -> LlamaModel:
-    """`spec`: "layers:N", "spark" (the distilled student in the default place), a Spark
-    export directory, or any checkpoint path sharing the target's tokenizer."""
+    """`spec`: "layers:N", "spark" (the target's Spark: the user's `fastmode distill`
+    output, else the copy shipped with the package), a Spark export directory,
+    or any checkpoint path sharing the target's tokenizer."""
     if spec.startswith("layers:"):
         return truncated(target.model, int(spec.split(":", 1)[1]))
-    from fastmode.distill import default_spark_dir, is_spark, load_spark
+    from fastmode.distill import find_spark, is_spark, load_spark
 
     if spec == "spark":
-        path = default_spark_dir(target.name)
-        if not path.exists():
-            raise ValueError(f"no Spark model at {path}: build it with `fastmode distill`")
+        path = find_spark(target.name)
+        if path is None:
+            raise ValueError(f"no Spark model for {target.name}: build it with `fastmode distill`")
         return load_spark(path, target)
     if is_spark(spec):
         return load_spark(spec, target)
