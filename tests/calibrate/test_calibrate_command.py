@@ -31,6 +31,10 @@ def test_quick_calibration_writes_a_file_the_planner_accepts(tiny_llama_dir, tmp
     assert all(p.step_s > 0 for p in points)
     tiers = {p["tier"]: p for p in report["prices"]}
     assert tiers["standard"]["multiplier"] == 1.0 and tiers["fast"]["batch"] == 4
+    # The speculation threshold (planner.speculative.break_even_batch on the fitted model) is stored with the fit.
+    b = report["speculative_max_batch"]
+    assert d["speculative_max_batch"] == {"value": b, "acceptance": 0.6, "draft_len": 4, "context": 32}
+    assert 0 <= b <= 64
     # The simulator takes the file as it is.
     assert main(["simulate", "--model", "smollm2-135m", "--hardware", "local", "--calibration", str(out),
                  "--num-requests", "10", "--rate", "1", "--output-len", "8", "--kv-cache-gib", "0.2", "--json"]) == 0

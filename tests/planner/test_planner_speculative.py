@@ -44,3 +44,16 @@ def test_spec_config_validation():
         SpecConfig(acceptance=1.0)
     with pytest.raises(ValueError):
         SpecConfig(draft_len=0)
+
+
+def test_break_even_batch_is_the_last_batch_where_speculation_pays(h100, llama8b):
+    from fastmode.planner.speculative import break_even_batch
+
+    cm = CostModel(h100, llama8b)
+    spec = SpecConfig(acceptance=0.7, draft_len=4, draft_cost_ratio=0.05)
+    b = break_even_batch(cm, 128, spec)
+    assert 1 < b < 1024
+    assert spec_cycle(cm, [128] * b, spec).speedup >= 1.0 > spec_cycle(cm, [128] * (b + 1), spec).speedup
+    # Higher acceptance pays at larger batches; a draft as costly as the target never pays.
+    assert break_even_batch(cm, 128, SpecConfig(acceptance=0.9, draft_len=4, draft_cost_ratio=0.05)) > b
+    assert break_even_batch(cm, 128, SpecConfig(acceptance=0.1, draft_len=4, draft_cost_ratio=1.0)) == 0

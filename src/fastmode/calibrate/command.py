@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fast-lane-max-batch", type=int, default=4)
     p.add_argument("--standard-batch", type=int, default=64, help="a full standard batch (engine max_num_seqs)")
     p.add_argument("--price-context", type=int, default=None, help="context for prices (default: largest measured)")
+    p.add_argument("--spec-acceptance", type=float, default=0.6,
+                   help="draft acceptance assumed for the speculation threshold (default 0.6)")
+    p.add_argument("--spec-draft-len", type=int, default=4, help="draft length k for the threshold (default 4)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -67,6 +70,7 @@ def calibrate(args: argparse.Namespace, progress=lambda s: None) -> dict[str, An
     from fastmode.calibrate.pricing import tier_prices
     from fastmode.calibrate.run import calibrate_loaded
     from fastmode.loader import load_model as load_engine_model
+    from fastmode.planner.speculative import SpecConfig, break_even_batch
 
     sweep = sweep_from_args(args)
     t0 = time.perf_counter()
@@ -77,16 +81,23 @@ def calibrate(args: argparse.Namespace, progress=lambda s: None) -> dict[str, An
         points = load_points(args.refit)
         fitted_from = f"re-fit of {args.refit}: " + json.loads(Path(args.refit).expanduser().read_text())["fitted_from"]
     run = calibrate_loaded(loaded, sweep, args.hardware, args.usd_per_hour, progress, points, fitted_from)
-    path = write_calibration(run.calibration, args.out)
     usd = run.calibration.get("usd_per_hour") or 0.0
     ctx = args.price_context or (max(p.decode_context for p in run.points) if args.refit else max(sweep.contexts))
     ctx = int(round(ctx))
     prices = tier_prices(run.cost_model, usd, ctx, {"fast": args.fast_lane_max_batch, "standard": args.standard_batch})
+    # Where n-gram speculation (a free draft) stops paying on this machine: the engine's
+    # --speculative-max-batch. Stored in the calibration file next to the fit it comes from.
+    spec = SpecConfig(acceptance=args.spec_acceptance, draft_len=args.spec_draft_len, draft_cost_ratio=0.0)
+    spec_max_batch = break_even_batch(run.cost_model, ctx, spec, max_batch=max(args.standard_batch, 1))
+    run.calibration["speculative_max_batch"] = {"value": spec_max_batch, "acceptance": spec.acceptance,
+                                                "draft_len": spec.draft_len, "context": ctx}
+    path = write_calibration(run.calibration, args.out)
     fit = run.fit
     return {"path": str(path), "calibration": run.calibration,
             "fit": {**fit.calibration_fields(), "max_abs_rel_error": fit.max_abs_rel_error,
                     "rms_rel_error": fit.rms_rel_error, "excluded_points": list(fit.excluded)},
-            "prices": [p.to_dict() for p in prices], "usd_per_hour": usd, "wall_s": time.perf_counter() - t0}
+            "prices": [p.to_dict() for p in prices], "usd_per_hour": usd,
+            "speculative_max_batch": spec_max_batch, "wall_s": time.perf_counter() - t0}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,5 +117,9 @@ def run(args: argparse.Namespace) -> int:
           + "".join(f"; left out as an outlier: {pts[i]['kind']} batch {pts[i].get('num_decodes', 1)} "
                     f"({pts[i]['fit_rel_error']:+.0%})" for i in f["excluded_points"]))
     print(format_prices([TierPrice(**p) for p in report["prices"]], report["usd_per_hour"] or 0.0))
+    sm = report["calibration"]["speculative_max_batch"]
+    print(f"speculation pays up to {report['speculative_max_batch']} decoding sequences "
+          f"(acceptance {sm['acceptance']}, k {sm['draft_len']}, context {sm['context']}): "
+          f"serve with --speculative-max-batch {max(1, report['speculative_max_batch'])}")
     print(f"wrote {report['path']} in {report['wall_s']:.0f} s")
     return 0

@@ -103,7 +103,8 @@ CALIBRATION_FIELDS: dict[str, tuple[str, float]] = {
     "usd_per_hour": ("usd_per_hour", 1.0),
 }
 # Provenance keys: recorded, never applied.
-CALIBRATION_INFO_KEYS = ("hardware", "fitted_from", "created", "model", "weight_format", "notes", "points")
+CALIBRATION_INFO_KEYS = ("hardware", "fitted_from", "created", "model", "weight_format", "notes", "points",
+                         "speculative_max_batch")  # an engine setting derived from the fit (fastmode calibrate)
 
 
 @dataclass(frozen=True)

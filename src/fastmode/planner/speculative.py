@@ -102,3 +102,34 @@ def spec_cycle(target: "CostModel", context_lens: Sequence[int], spec: SpecConfi
         draft_s = k * spec.draft_cost_ratio * plain
     verify = target.step_s(decode_context_lens=context_lens, tokens_per_decode_seq=k + 1)
     return SpecCycle(draft_s, verify, spec.expected_tokens, plain)
+
+
+def break_even_batch(target: "CostModel", context_len: int, spec: SpecConfig,
+                     draft: "CostModel | None" = None, max_batch: int = 1024) -> int:
+    """Largest decode batch at which speculating with `spec` is still at least as fast
+    per user as plain decoding (0 if it never is, `max_batch` if it always is).
+
+    Speed-up falls as the batch grows (the verify step turns compute-bound and
+    costs about k+1 plain steps), so the batches where it pays form a prefix
+    1..B; B is found by bisection. The engine stops speculating above it
+    (`EngineConfig.speculative_max_batch`; `fastmode calibrate` prints it).
+    """
+    def pays(b: int) -> bool:
+        return spec_cycle(target, [context_len] * b, spec, draft).speedup >= 1.0
+
+    if not pays(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= max_batch and pays(hi):
+        lo, hi = hi, hi * 2
+    if hi > max_batch:
+        return max_batch if pays(max_batch) else _bisect(pays, lo, max_batch)
+    return _bisect(pays, lo, hi)
+
+
+def _bisect(pays, lo: int, hi: int) -> int:
+    """Largest b in [lo, hi) with pays(b), given pays(lo) and not pays(hi)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if pays(mid) else (lo, mid)
+    return lo
