@@ -1,7 +1,8 @@
 """A real uvicorn server on 127.0.0.1 (free port, background thread) over the tiny model.
 
 `serve(...)` is a context manager so that every test stops what it starts;
-`server` is a module-wide default instance.
+`server` is a module-wide default instance. `tiny_spark` is a real Spark
+export of the tiny model (two of its layers), to serve next to it.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,7 +22,7 @@ import uvicorn
 
 from fastmode.engine.config import EngineConfig
 from fastmode.engine.llm_engine import LLMEngine
-from fastmode.loader import load_model
+from fastmode.loader import LoadedModel, load_model
 from fastmode.server.app import create_app
 from fastmode.server.config import ServerConfig
 from fastmode.server.state import ServerState
@@ -29,8 +31,9 @@ from fastmode.server.state import ServerState
 @dataclass
 class RunningServer:
     url: str  # http://127.0.0.1:PORT
-    engine: LLMEngine
+    engine: LLMEngine  # the main model's
     state: ServerState
+    extra_engines: list[LLMEngine] = field(default_factory=list)
 
     @property
     def ws_url(self) -> str:
@@ -38,7 +41,7 @@ class RunningServer:
 
     @property
     def model(self) -> str:
-        return self.state.model_name
+        return self.state.main.name
 
     def kv_all_free(self) -> bool:
         return self.engine.scheduler.block_manager.num_free_blocks == self.engine.scheduler_config.num_blocks
@@ -62,14 +65,43 @@ def tiny_loaded(tiny_llama_dir):
     return load_model(str(tiny_llama_dir), "float32")
 
 
+def export_spark(teacher_dir: Path, folder: Path, teacher: dict | None = None) -> Path:
+    """Export a Spark of the tiny model (its layers 0 and 2, untrained) to `folder`, as `fastmode distill` does.
+
+    The student is copied from a fresh load: engines pack the shared session
+    model's linear weights in place, and packed weights cannot be copied.
+    `teacher` overrides the recorded teacher identity (to fake another checkpoint).
+    """
+    from fastmode.distill.export import save_spark, teacher_identity
+    from fastmode.distill.student import build_student, own_state
+
+    fresh = load_model(str(teacher_dir), "float32")
+    student = build_student(fresh.model, [0, 2])
+    info = {"teacher": teacher or teacher_identity(fresh.path), "layer_indices": [0, 2], "summary": {"steps": 0}}
+    save_spark(folder, own_state(student), info, "fp32")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_spark(tiny_llama_dir, tiny_loaded, tmp_path_factory) -> LoadedModel:
+    """The tiny model's Spark, loaded on the session's tiny model as `fastmode serve` loads Spark."""
+    from fastmode.distill.spark import spark_as_loaded
+
+    return spark_as_loaded(export_spark(tiny_llama_dir, tmp_path_factory.mktemp("tiny-spark")), tiny_loaded)
+
+
 @contextlib.contextmanager
-def serve(loaded, config: ServerConfig | None = None, **engine_kwargs) -> Iterator[RunningServer]:
+def serve(loaded, config: ServerConfig | None = None, extra: Sequence[LoadedModel] = (),
+          **engine_kwargs) -> Iterator[RunningServer]:
+    """Serve `loaded` (and each of `extra` as another model, without speculation, as `serve` runs Spark)."""
     # One torch thread: the tiny model gains nothing from more, and the server and the
     # test client need the other core. Restored afterwards (the setting is process-wide).
     threads = torch.get_num_threads()
     kwargs = dict(model=str(loaded.path), dtype="float32", kv_cache_gib=0.01, num_threads=1, **engine_kwargs)
     engine = LLMEngine(EngineConfig(**kwargs), loaded=loaded)
-    app = create_app(engine, config or ServerConfig())
+    extra_engines = [LLMEngine(EngineConfig(**{**kwargs, "model": str(x.path), "speculative": "off", "draft_model": None}),
+                               loaded=x) for x in extra]
+    app = create_app(engine, config or ServerConfig(), extra_engines)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -82,7 +114,7 @@ def serve(loaded, config: ServerConfig | None = None, **engine_kwargs) -> Iterat
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the test server did not start")
             time.sleep(0.01)
-        yield RunningServer(f"http://127.0.0.1:{port}", engine, app.state.fastmode)
+        yield RunningServer(f"http://127.0.0.1:{port}", engine, app.state.fastmode, extra_engines)
     finally:
         server.should_exit = True
         thread.join(15)

@@ -6,6 +6,7 @@ from fastmode.cli import build_parser
 from fastmode.engine.config import EngineConfig
 from fastmode.server.command import _pick
 from fastmode.server.config import ServerConfig
+from tests.server.conftest import export_spark
 
 
 def test_flags_map_onto_both_configs():
@@ -28,3 +29,33 @@ def test_every_config_field_has_a_flag():
     dests = {a.dest for a in serve._actions}
     assert set(EngineConfig.field_names()) <= dests
     assert {f for f in ServerConfig.__dataclass_fields__} <= dests
+
+
+def test_serve_spark_flag():
+    assert ServerConfig(**_pick(ServerConfig, build_parser().parse_args(["serve"]))).serve_spark is True
+    args = build_parser().parse_args(["serve", "--no-serve-spark"])
+    assert ServerConfig(**_pick(ServerConfig, args)).serve_spark is False
+
+
+def test_spark_engine_serves_the_default_models_spark_when_present(tiny_llama_dir, tiny_loaded, tiny_spark, tmp_path,
+                                                                   monkeypatch, capsys):
+    import fastmode.distill.spark as spark
+    import fastmode.loader.default_model as default_model
+    from fastmode.engine.llm_engine import LLMEngine
+    from fastmode.server.command import spark_engine
+
+    config = EngineConfig(model=str(tiny_loaded.path), dtype="float32", kv_cache_gib=0.01, num_threads=1, draft_model=None)
+    main = LLMEngine(config, loaded=tiny_loaded)
+    monkeypatch.setattr(spark, "find_spark", lambda name=None: tiny_spark.path)
+    assert spark_engine(main, config) is None  # the main model is not the default model
+    monkeypatch.setattr(default_model, "DEFAULT_MODEL_NAME", tiny_loaded.name)
+    served = spark_engine(main, config)
+    assert served is not None and served.model_name == tiny_loaded.name + "-spark"
+    assert served.config.speculative == "off" and served.drafter is None
+    assert served.loaded.model.embed_tokens is tiny_loaded.model.embed_tokens  # shared, not copied
+    monkeypatch.setattr(spark, "find_spark", lambda name=None: None)
+    assert spark_engine(main, config) is None  # no weights: only the main model, no error
+    other = export_spark(tiny_llama_dir, tmp_path, teacher={"name": "x.gguf", "sha256": "0" * 64})
+    monkeypatch.setattr(spark, "find_spark", lambda name=None: other)
+    assert spark_engine(main, config) is None  # distilled from another checkpoint: skipped with a warning
+    assert "not serving Spark" in capsys.readouterr().err

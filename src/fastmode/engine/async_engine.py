@@ -13,11 +13,12 @@ import itertools
 import logging
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastmode.engine.llm_engine import LLMEngine, RequestOutput
 from fastmode.engine.tiers import Tier
 from fastmode.sampling_params import SamplingParams
+from fastmode.speculative.policy import SpecStats
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +36,18 @@ class EngineStats:
     prefix_queries: int
     prefix_hits: int
     lane_active: bool
+    spec: SpecStats = field(default_factory=SpecStats)  # a copy of the engine's speculation counters, per tier
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, name: str | None = None):
         self.engine = engine
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._closed = False
         self._ids = itertools.count()
-        self._thread = threading.Thread(target=self._loop, name="fastmode-engine", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"fastmode-engine:{name or engine.model_name}", daemon=True)
         self._thread.start()
 
     # -- engine thread -----------------------------------------------------
@@ -137,6 +139,7 @@ class AsyncEngine:
         with self._lock:
             s = self.engine.scheduler
             bm = s.block_manager
+            spec = self.engine.spec.stats  # copied under the lock: the engine thread updates it every step
             return EngineStats(
                 running={t.value: s.num_running(t) for t in Tier},
                 waiting={t.value: s.waiting.num_waiting(t) for t in Tier},
@@ -145,6 +148,7 @@ class AsyncEngine:
                 prefix_queries=bm.num_prefix_queries,
                 prefix_hits=bm.num_prefix_hits,
                 lane_active=s.lane_active(),
+                spec=SpecStats(dict(spec.drafts), dict(spec.draft_tokens), dict(spec.accepted_tokens)),
             )
 
     def shutdown(self, timeout_s: float = 5.0) -> None:

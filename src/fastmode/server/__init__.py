@@ -1,6 +1,7 @@
-"""The HTTP/WebSocket server: OpenAI and Anthropic dialects over one tiered engine.
+"""The HTTP/WebSocket server: OpenAI and Anthropic dialects over tiered engines, one per served model.
 
-Layout follows a request: config (flags) -> app (routes, lifespan) ->
+Layout follows a request: config (flags) -> app (routes, lifespan) -> state
+(the served models: served_model) ->
 openai_api / anthropic_api / responses_ws (dialects) -> admission (tier,
 lane, queue, rate limits) -> generation (engine stream, disconnects) ->
 metrics; errors renders every failure in the caller's dialect.

@@ -10,7 +10,9 @@ Order of checks (each refusal is a clear error instead of unbounded latency):
 
 Requests in flight are counted here, from admission to `settle()`, so two
 requests admitted in the same event-loop turn see each other even before the
-engine thread has queued them.
+engine thread has queued them. Each served model has its own controller (its
+own engine queue and fast lane); the rate limiter is shared, as a key's
+per-tier budget does not grow with the number of models.
 """
 
 from __future__ import annotations
@@ -57,9 +59,11 @@ class Admission:
 
 
 class AdmissionController:
-    def __init__(self, config: ServerConfig, engine: LLMEngine, limiter: RateLimiter, metrics: ServerMetrics):
+    def __init__(self, config: ServerConfig, engine: LLMEngine, limiter: RateLimiter, metrics: ServerMetrics,
+                 model: str | None = None):
         self.config = config
         self.engine = engine
+        self.model = model or engine.model_name  # the served name, for metric labels
         self.limiter = limiter
         self.metrics = metrics
         self.in_flight = {t: 0 for t in Tier}
@@ -107,7 +111,7 @@ class AdmissionController:
                     return self._admitted(Tier.FAST, choice, None, max_output_tokens)
                 tier, reason = Tier.STANDARD, "fast rate limit reached"
         if reason is not None:
-            self.metrics.fallbacks.labels(reason).inc()
+            self.metrics.fallbacks.labels(self.model, reason).inc()
         refusal = self.limiter.try_acquire(tier, input_tokens, max_output_tokens)
         if refusal is not None:
             self._reject(tier, "rate_limit")
@@ -129,7 +133,7 @@ class AdmissionController:
         return Admission(tier, choice.requested, reason, max_output_tokens, self.limiter.states(tier), self)
 
     def _reject(self, tier: Tier, reason: str) -> None:
-        self.metrics.rejected.labels(tier.value, reason).inc()
+        self.metrics.rejected.labels(self.model, tier.value, reason).inc()
 
     def _release(self, a: Admission, num_output_tokens: int) -> None:
         self.in_flight[a.tier] -= 1

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fastmode.server.errors import ApiError
+from fastmode.server.openai_models import Speculative  # the same extension in every dialect
 
 
 class _Strict(BaseModel):
@@ -43,6 +44,7 @@ class MessagesRequest(_Strict):
     stop_sequences: list[str] | None = None
     stream: bool = False
     speed: Literal["standard", "fast"] | None = None
+    speculative: Speculative | None = None  # an extension: how to speculate; None = the tier's default
     metadata: dict[str, Any] | None = None
     service_tier: Literal["auto", "standard_only"] | None = None  # both mean standard capacity here
     tools: list[Any] | None = None

@@ -1,21 +1,23 @@
 """The FastAPI application: both dialects, WebSocket mode, metrics, health.
 
-`create_app(engine, config)` wires one engine to one app. The engine's
-background thread (AsyncEngine) starts with the app's lifespan and stops with
-it: on shutdown uvicorn first lets in-flight responses finish (up to
-`drain_timeout_s`), then the lifespan aborts whatever is left, and each such
-request receives an error, never silence.
+`create_app(engine, config, extra_engines)` wires one or more engines to one
+app: the main model (named `served_model_name`, else its own name) and any
+others, each served under its own name. Every engine's background thread
+(AsyncEngine) starts with the app's lifespan and stops with it: on shutdown
+uvicorn first lets in-flight responses finish (up to `drain_timeout_s`), then
+the lifespan aborts whatever is left, and each such request receives an
+error, never silence.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from fastmode.engine.async_engine import AsyncEngine
 from fastmode.engine.llm_engine import LLMEngine
 from fastmode.engine.tiers import Tier
 from fastmode.server import anthropic_api, openai_api, responses_ws
@@ -25,28 +27,49 @@ from fastmode.server.conversation import ResponseStore
 from fastmode.server.errors import install_error_handlers
 from fastmode.server.metrics import CONTENT_TYPE, ServerMetrics
 from fastmode.server.ratelimit import RateLimiter
+from fastmode.server.served_model import ServedModel
 from fastmode.server.state import ServerState, get_state
 
 log = logging.getLogger(__name__)
 
 
-def create_app(engine: LLMEngine, config: ServerConfig = ServerConfig()) -> FastAPI:
-    """An app serving `engine`. The engine thread runs while the app's lifespan does."""
+def _named_engines(
+    engine: LLMEngine, config: ServerConfig, extra: Iterable[LLMEngine] | Mapping[str, LLMEngine]
+) -> dict[str, LLMEngine]:
+    """Served name -> engine, the main one first; extra engines keyed by name or named after their model."""
+    named = {config.served_model_name or engine.model_name: engine}
+    pairs = extra.items() if isinstance(extra, Mapping) else ((e.model_name, e) for e in extra)
+    for name, e in pairs:
+        if name in named:
+            raise ValueError(f"two served models are named {name!r}; give each engine its own name")
+        named[name] = e
+    return named
+
+
+def create_app(
+    engine: LLMEngine,
+    config: ServerConfig = ServerConfig(),
+    extra_engines: Iterable[LLMEngine] | Mapping[str, LLMEngine] = (),
+) -> FastAPI:
+    """An app serving `engine` and any `extra_engines`. The engine threads run while the app's lifespan does."""
     limiter = RateLimiter({t: config.tier_limits(t) for t in Tier})
-    state = ServerState(config=config, engine=engine, metrics=None, limiter=limiter, admission=None,  # type: ignore[arg-type]
+    models: dict[str, ServedModel] = {}
+    metrics = ServerMetrics(lambda: {n: s for n, m in models.items() if (s := m.stats()) is not None})
+    for name, e in _named_engines(engine, config, extra_engines).items():
+        models[name] = ServedModel(name, e, AdmissionController(config, e, limiter, metrics, name))
+    state = ServerState(config=config, models=models, metrics=metrics, limiter=limiter,
                         responses=ResponseStore(config.response_store_size))
-    state.metrics = ServerMetrics(lambda: state.async_engine.stats() if state.async_engine else None)
-    state.admission = AdmissionController(config, engine, limiter, state.metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        state.async_engine = AsyncEngine(engine)
-        log.info("serving %s (max_model_len %d)", state.model_name, engine.max_model_len)
+        for m in models.values():
+            m.start()
+            log.info("serving %s (max_model_len %d)", m.name, m.max_model_len)
         try:
             yield
         finally:
-            running, state.async_engine = state.async_engine, None
-            running.shutdown()
+            for m in models.values():
+                m.stop()
 
     app = FastAPI(title="fastmode", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.fastmode = state
@@ -58,12 +81,12 @@ def create_app(engine: LLMEngine, config: ServerConfig = ServerConfig()) -> Fast
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
         s = get_state(request)
-        # The engine thread dies only on a bug; report it so a supervisor restarts the server.
-        alive = s.async_engine.is_alive
+        # An engine thread dies only on a bug; report it so a supervisor restarts the server.
+        alive = s.all_alive
         return JSONResponse({"status": "ok" if alive else "unavailable"}, status_code=200 if alive else 503)
 
     @app.get("/metrics")
-    def metrics(request: Request) -> Response:
+    def metrics_page(request: Request) -> Response:
         # A plain `def`: FastAPI runs it on a worker thread, so waiting for the
         # engine lock (held for a whole step) does not stall the event loop.
         return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE)

@@ -4,6 +4,10 @@ Every engine flag is generated from an `EngineConfig` field and every server
 flag from a `ServerConfig` field (name -> --kebab-case, type from the
 annotation, help from the field's comment), so a new config field is a new
 flag without touching this file.
+
+Serving the default model also serves its Spark student under its own name
+when Spark's weights are present (`--no-serve-spark` turns that off), so
+clients can pick the small fast model per request.
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ import inspect
 import re
 import sys
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported lazily at run time: they pull in torch, and `fastmode --help` should not wait
+    from fastmode.engine.config import EngineConfig
+    from fastmode.engine.llm_engine import LLMEngine
 
 _NONE_WORDS = ("none", "null", "off")
 
@@ -73,12 +81,40 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "serve", help="serve the OpenAI and Anthropic APIs (HTTP, SSE, WebSocket)",
-        description="Serve one model over the OpenAI and Anthropic APIs. Flags whose default is None accept 'none'.",
+        description="Serve a model (and, for the default model, its Spark student) over the OpenAI and Anthropic "
+                    "APIs. Flags whose default is None accept 'none'.",
     )
     add_dataclass_args(p, ServerConfig, title="server")
     add_dataclass_args(p, EngineConfig, title="engine")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
+
+
+def spark_engine(main: LLMEngine, config: EngineConfig) -> LLMEngine | None:
+    """A second engine serving the default model's Spark student, or None when the
+    main model is another one or no Spark weights are present.
+
+    Spark shares the main engine's embeddings and LM head (no copies) and runs
+    with the same flags, except without speculation: it is itself the small
+    fast model, and no draft is smaller. A Spark distilled from another
+    checkpoint is skipped with a warning: an optional extra model must never
+    stop the main one from being served.
+    """
+    from fastmode.distill.spark import find_spark, spark_as_loaded
+    from fastmode.engine.llm_engine import LLMEngine
+    from fastmode.loader.default_model import DEFAULT_MODEL_NAME
+
+    if main.loaded.name != DEFAULT_MODEL_NAME:
+        return None
+    path = find_spark(DEFAULT_MODEL_NAME)
+    if path is None:
+        return None
+    try:
+        loaded = spark_as_loaded(path, main.loaded)
+    except ValueError as e:
+        print(f"fastmode: not serving Spark: {e}", file=sys.stderr)
+        return None
+    return LLMEngine(dataclasses.replace(config, model=str(path), speculative="off", draft_model=None), loaded=loaded)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,14 +130,20 @@ def run(args: argparse.Namespace) -> int:
         server_kwargs = _pick(ServerConfig, args)
         server_kwargs["api_key"] = api_key_from_env(server_kwargs.get("api_key"))
         server_config = ServerConfig(**server_kwargs)
-        engine = LLMEngine(EngineConfig(**_pick(EngineConfig, args)))
+        engine_config = EngineConfig(**_pick(EngineConfig, args))
+        engine = LLMEngine(engine_config)
+        spark = spark_engine(engine, engine_config) if server_config.serve_spark else None
+        app = create_app(engine, server_config, [spark] if spark is not None else [])
     except (ModelLoadError, ValueError) as e:
         print(f"fastmode: {e}", file=sys.stderr)
         return 2
-    app = create_app(engine, server_config)
+    names = list(app.state.fastmode.models)
     auth = "API key required" if server_config.api_key else "no API key"
-    print(f"fastmode: serving {server_config.served_model_name or engine.model_name} on "
-          f"http://{server_config.host}:{server_config.port} ({auth})", file=sys.stderr)
+    print(f"fastmode: serving {', '.join(names)} on http://{server_config.host}:{server_config.port} ({auth})",
+          file=sys.stderr)
+    if spark is not None:
+        print(f"fastmode: {spark.model_name} (the Spark student) is served as its own model; "
+              "--no-serve-spark turns it off", file=sys.stderr)
     uvicorn.run(app, host=server_config.host, port=server_config.port, log_level=args.log_level,
                 timeout_graceful_shutdown=int(server_config.drain_timeout_s))
     return 0

@@ -43,6 +43,7 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None  # key clients must send (else FASTMODE_API_KEY); None = no authentication
     served_model_name: str | None = None  # the name clients send as `model`; None = the model's own name
+    serve_spark: bool = True  # also serve the default model's Spark student (<name>-spark) when its weights are present
     fast_lane_full_factor: float = 2.0  # fast is "full" once fast in flight >= fast_lane_max_batch * this
     max_waiting_requests: int = 256  # engine queue bound: past it new requests are refused (503 / 529)
     flex_queue_fraction: float = 0.5  # flex is refused (429) once the queue is this full, before anyone else

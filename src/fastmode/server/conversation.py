@@ -13,7 +13,9 @@ reply and the next generation prompt. Its prefix is exactly the previous
 request's tokens, so every full block of it is served from the cache.
 If the template does not render conversations as a growing prefix, or the
 instructions changed, or a stop string cut the reply (its tokens hold text
-the client never saw), the conversation is rendered afresh instead.
+the client never saw), or the turn continues on another served model (whose
+tokenizer may differ and whose prefix cache holds none of those tokens), the
+conversation is rendered afresh instead.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Turn:
     prompt_ids: list[int]
     output_ids: list[int]
     reusable: bool  # False when the output tokens do not match the reply text (stop string)
+    model: str = ""  # the served model that produced it
 
 
 class ResponseStore:
@@ -67,11 +70,11 @@ def _with_system(instructions: str | None, messages: list[Message]) -> list[Mess
 
 
 def build_prompt(
-    tok: Tokenizer, prev: Turn | None, instructions: str | None, new_messages: list[Message]
+    tok: Tokenizer, prev: Turn | None, instructions: str | None, new_messages: list[Message], model: str = ""
 ) -> tuple[list[int], list[Message], bool]:
     """(prompt ids, the conversation so far without system, whether the previous turn's tokens were reused)."""
     history = (prev.messages if prev else []) + new_messages
-    if prev is not None and prev.reusable and prev.instructions == instructions:
+    if prev is not None and prev.reusable and prev.instructions == instructions and prev.model == model:
         bridge = _bridge_text(tok, prev, new_messages)
         if bridge is not None:
             ids = prev.prompt_ids + prev.output_ids + tok.encode(bridge, add_special_tokens=False)

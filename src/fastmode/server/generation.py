@@ -28,6 +28,7 @@ from fastmode.engine.llm_engine import LLMEngine, RequestOutput
 from fastmode.sampling_params import SamplingParams
 from fastmode.server.admission import Admission
 from fastmode.server.errors import ApiError
+from fastmode.server.served_model import ServedModel
 from fastmode.server.state import ServerState
 
 
@@ -54,12 +55,15 @@ def resolve_max_tokens(engine: LLMEngine, prompt_len: int, max_tokens: int | Non
     return max_tokens
 
 
-def make_params(**kwargs) -> SamplingParams:
-    """SamplingParams from the fields a client set (None = our default); bad values -> 400."""
+def make_params(model: ServedModel, **kwargs) -> SamplingParams:
+    """SamplingParams from the fields a client set (None = our default); bad values,
+    or values `model` cannot honour (a draft model it lacks), -> 400."""
     try:
-        return SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
+        params = SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
     except ValueError as e:
         raise ApiError("invalid_request", str(e)) from e
+    model.check_params(params)
+    return params
 
 
 def stop_details(o: RequestOutput, params: SamplingParams, tokenizer) -> tuple[str, str | None]:
@@ -80,10 +84,12 @@ def stop_details(o: RequestOutput, params: SamplingParams, tokenizer) -> tuple[s
 
 
 class Job:
-    """One engine request as the server runs it."""
+    """One engine request as the server runs it, on the served model the client named."""
 
-    def __init__(self, state: ServerState, prompt_ids: list[int], params: SamplingParams, admission: Admission):
+    def __init__(self, state: ServerState, model: ServedModel, prompt_ids: list[int], params: SamplingParams,
+                 admission: Admission):
         self.state = state
+        self.model = model
         self.prompt_ids = prompt_ids
         self.params = params
         self.admission = admission
@@ -95,9 +101,9 @@ class Job:
         return self.admission.tier.value
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:
-        metrics, num_out = self.state.metrics, 0
+        metrics, name, num_out = self.state.metrics, self.model.name, 0
         try:
-            engine = self.state.running
+            engine = self.model.running
             try:
                 rid = engine.add_request(self.prompt_ids, self.params, self.admission.tier)
             except EngineClosedError as e:
@@ -109,13 +115,13 @@ class Job:
                 async for o in stream:
                     now = time.perf_counter()
                     n = len(o.delta_token_ids)
-                    metrics.observe_tokens(self.tier, n, None if prev_s is None else now - prev_s)
+                    metrics.observe_tokens(name, self.tier, n, None if prev_s is None else now - prev_s)
                     prev_s = now if n else prev_s
                     num_out, self.last = len(o.token_ids), o
                     if o.finished:
                         self.finished = True
                         if o.metrics is not None:
-                            metrics.observe_finished(o.metrics, o.finish_reason or "unknown")
+                            metrics.observe_finished(name, o.metrics, o.finish_reason or "unknown")
                         if o.finish_reason == "error":
                             raise ApiError("server_error", "the engine failed while running this request; it did not complete")
                     yield o
@@ -123,7 +129,7 @@ class Job:
             raise ApiError("overloaded", "the server shut down before this request finished") from e
         finally:
             if not self.finished:
-                metrics.aborted.labels(self.tier).inc()
+                metrics.aborted.labels(name, self.tier).inc()
             self.admission.settle(num_out)
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ from fastmode.server.errors import OPENAI, ApiError
 from fastmode.server.generation import Job, SSEResponse, client_gone, collect, make_params, resolve_max_tokens, sse_event
 from fastmode.server.openai_models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from fastmode.server.ratelimit import openai_headers
+from fastmode.server.served_model import ServedModel
 from fastmode.server.state import ServerState, get_state, require_api_key
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -76,47 +77,51 @@ def response_headers(a: Admission) -> dict[str, str]:
     return {"x-fastmode-tier": a.tier.value, **openai_headers(a.rate_limits)}
 
 
-def _prepare(state: ServerState, body: SamplingFields, ids: list[int], max_tokens: int | None, param: str) -> Job:
+def _prepare(
+    state: ServerState, model: ServedModel, body: SamplingFields, ids: list[int], max_tokens: int | None, param: str
+) -> Job:
     """Validate lengths and sampling, then admit: nothing after this can fail before the stream starts."""
-    max_tokens = resolve_max_tokens(state.engine, len(ids), max_tokens, param)
+    max_tokens = resolve_max_tokens(model.engine, len(ids), max_tokens, param)
     params = make_params(
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
-        max_tokens=max_tokens, stop=body.stop_list(),
+        model, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
+        max_tokens=max_tokens, stop=body.stop_list(), ignore_eos=body.ignore_eos, speculative=body.speculative,
     )
-    admission = state.admission.admit(tier_choice(body.service_tier), len(ids), max_tokens)
-    return Job(state, ids, params, admission)
+    admission = model.admission.admit(tier_choice(body.service_tier), len(ids), max_tokens)
+    return Job(state, model, ids, params, admission)
+
+
+def _card(state: ServerState, model: ServedModel) -> dict:
+    return {"id": model.name, "object": "model", "created": state.created_s, "owned_by": "fastmode",
+            "max_model_len": model.max_model_len}
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
     state = get_state(request)
-    card = {"id": state.model_name, "object": "model", "created": state.created_s, "owned_by": "fastmode",
-            "max_model_len": state.engine.max_model_len}
-    return {"object": "list", "data": [card]}
+    return {"object": "list", "data": [_card(state, m) for m in state.models.values()]}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> dict:
     state = get_state(request)
-    state.check_model(model_id)
-    return {"id": state.model_name, "object": "model", "created": state.created_s, "owned_by": "fastmode"}
+    return _card(state, state.select(model_id))
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = get_state(request)
-    state.check_model(body.model)
+    model = state.select(body.model)
     body.unsupported()
     # "developer" is the newer name of "system"; chat templates know only the latter.
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
     try:
-        ids = state.tokenizer.encode_chat(messages)
+        ids = model.tokenizer.encode_chat(messages)
     except ValueError as e:  # no template, or the template refused the conversation
         raise ApiError("invalid_request", str(e), param="messages") from e
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    job = _prepare(state, body, ids, body.output_limit(), param)
+    job = _prepare(state, model, body, ids, body.output_limit(), param)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    head = {"id": rid, "created": created, "model": state.model_name, "system_fingerprint": FINGERPRINT,
+    head = {"id": rid, "created": created, "model": model.name, "system_fingerprint": FINGERPRINT,
             **tier_fields(job.admission)}
     headers = response_headers(job.admission)
     if body.stream:
@@ -156,19 +161,19 @@ async def _chat_events(job: Job, head: dict, include_usage: bool) -> AsyncIterat
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
     state = get_state(request)
-    state.check_model(body.model)
+    model = state.select(body.model)
     body.unsupported()
     prompt = body.single_prompt()
     if isinstance(prompt, str):
-        ids = state.tokenizer.encode(prompt)
+        ids = model.tokenizer.encode(prompt)
     else:
-        vocab = state.engine.loaded.config.vocab_size
+        vocab = model.engine.loaded.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise ApiError("invalid_request", f"prompt token ids must be in [0, {vocab})", param="prompt")
         ids = list(prompt)
-    job = _prepare(state, body, ids, body.max_tokens, "max_tokens")
+    job = _prepare(state, model, body, ids, body.max_tokens, "max_tokens")
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": state.model_name, "system_fingerprint": FINGERPRINT, **tier_fields(job.admission)}
+            "model": model.name, "system_fingerprint": FINGERPRINT, **tier_fields(job.admission)}
     headers = response_headers(job.admission)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from fastmode.server.errors import ApiError
 
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
+# An extension in every dialect: how to speculate for this request; None = the tier's default.
+Speculative = Literal["off", "ngram", "draft"]
 
 
 class _Strict(BaseModel):
@@ -52,6 +54,8 @@ class SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     service_tier: ServiceTier | None = None
+    speculative: Speculative | None = None  # an extension; output is the same either way, only speed differs
+    ignore_eos: bool = False  # an extension (vLLM has it too): run to max_tokens, as load generators need
     n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fastmode.server.errors import ApiError
-from fastmode.server.openai_models import ServiceTier
+from fastmode.server.openai_models import ServiceTier, Speculative
 
 
 class _Strict(BaseModel):
@@ -45,6 +45,7 @@ class ResponseCreate(_Strict):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     service_tier: ServiceTier | None = None
+    speculative: Speculative | None = None  # an extension: how to speculate; None = the tier's default
     store: bool | None = None  # finished responses are kept in a bounded in-memory store either way
     metadata: dict[str, str] | None = None
     user: str | None = None

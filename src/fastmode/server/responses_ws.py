@@ -116,7 +116,7 @@ class _Connection:
             message, param = validation_message(list(e.errors()))
             raise ApiError("invalid_request", message, param=param) from None
         state = self.state
-        state.check_model(body.model)
+        model = state.select(body.model)
         body.unsupported()
         prev = None
         if body.previous_response_id is not None:
@@ -127,20 +127,21 @@ class _Connection:
                     param="previous_response_id", code="previous_response_not_found",
                 )
         try:
-            ids, history, _ = build_prompt(state.tokenizer, prev, body.instructions, body.new_messages())
+            ids, history, _ = build_prompt(model.tokenizer, prev, body.instructions, body.new_messages(), model.name)
         except ValueError as e:
             raise ApiError("invalid_request", str(e), param="input") from e
-        max_tokens = resolve_max_tokens(state.engine, len(ids), body.max_output_tokens, "max_output_tokens")
-        params = make_params(temperature=body.temperature, top_p=body.top_p, max_tokens=max_tokens)
-        admission = state.admission.admit(tier_choice(body.service_tier), len(ids), max_tokens)
-        return _Prepared(Job(state, ids, params, admission), body, f"resp_{uuid.uuid4().hex}", history)
+        max_tokens = resolve_max_tokens(model.engine, len(ids), body.max_output_tokens, "max_output_tokens")
+        params = make_params(model, temperature=body.temperature, top_p=body.top_p, max_tokens=max_tokens,
+                             speculative=body.speculative)
+        admission = model.admission.admit(tier_choice(body.service_tier), len(ids), max_tokens)
+        return _Prepared(Job(state, model, ids, params, admission), body, f"resp_{uuid.uuid4().hex}", history)
 
     async def _respond(self, p: _Prepared) -> None:
         job, body = p.job, p.body
         item_id = f"msg_{uuid.uuid4().hex}"
         response = {
             "id": p.response_id, "object": "response", "created_at": int(time.time()), "status": "in_progress",
-            "model": self.state.model_name, "output": [], "usage": None, "error": None, "incomplete_details": None,
+            "model": job.model.name, "output": [], "usage": None, "error": None, "incomplete_details": None,
             "instructions": body.instructions, "previous_response_id": body.previous_response_id,
             "max_output_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
             "metadata": body.metadata or {}, "tools": [], "tool_choice": "none", "parallel_tool_calls": False,
@@ -170,10 +171,10 @@ class _Connection:
             await self.send({"type": "response.content_part.done", **where, "part": part})
             done_item = {**item, "status": "completed", "content": [part]}
             await self.send({"type": "response.output_item.done", "output_index": 0, "item": done_item})
-            kind, _ = stop_details(o, job.params, self.state.tokenizer)
+            kind, _ = stop_details(o, job.params, job.model.tokenizer)
             self.state.responses.put(Turn(
                 p.response_id, body.instructions, p.history + [{"role": "assistant", "content": o.text}],
-                list(o.prompt_token_ids), list(o.token_ids), reusable=kind != "stop_string",
+                list(o.prompt_token_ids), list(o.token_ids), reusable=kind != "stop_string", model=job.model.name,
             ))
             final = {**response, "output": [done_item], "usage": _usage(o)}
             if kind == "length":

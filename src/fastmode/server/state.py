@@ -1,4 +1,4 @@
-"""What every route needs: the engine, the limits, the metrics, the served name, the key."""
+"""What every route needs: the served models, the limits, the metrics, the response store, the key."""
 
 from __future__ import annotations
 
@@ -9,48 +9,41 @@ from dataclasses import dataclass, field
 from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection
 
-from fastmode.engine.async_engine import AsyncEngine
-from fastmode.engine.llm_engine import LLMEngine
-from fastmode.server.admission import AdmissionController
 from fastmode.server.config import ServerConfig
 from fastmode.server.conversation import ResponseStore
 from fastmode.server.errors import ApiError
 from fastmode.server.metrics import ServerMetrics
 from fastmode.server.ratelimit import RateLimiter
+from fastmode.server.served_model import ServedModel
 
 
 @dataclass
 class ServerState:
     config: ServerConfig
-    engine: LLMEngine
+    models: dict[str, ServedModel]  # by served name, the main model first
     metrics: ServerMetrics
-    limiter: RateLimiter
-    admission: AdmissionController
+    limiter: RateLimiter  # shared by every model: limits are per key and tier
     responses: ResponseStore
-    async_engine: AsyncEngine | None = None  # started by the app's lifespan
     created_s: int = field(default_factory=lambda: int(time.time()))
 
     @property
-    def model_name(self) -> str:
-        return self.config.served_model_name or self.engine.model_name
+    def main(self) -> ServedModel:
+        return next(iter(self.models.values()))
 
-    @property
-    def tokenizer(self):
-        return self.engine.tokenizer
-
-    @property
-    def running(self) -> AsyncEngine:
-        if self.async_engine is None:
-            raise ApiError("overloaded", "the engine is not running (server starting or shutting down)")
-        return self.async_engine
-
-    def check_model(self, model: str) -> None:
-        if model != self.model_name:
+    def select(self, model: str) -> ServedModel:
+        """The served model a request names; 404 (listing what is served) for any other name."""
+        served = self.models.get(model)
+        if served is None:
+            names = ", ".join(f"`{n}`" for n in self.models)
             raise ApiError(
-                "not_found",
-                f"The model `{model}` does not exist; this server serves `{self.model_name}`",
+                "not_found", f"The model `{model}` does not exist; this server serves {names}",
                 param="model", code="model_not_found",
             )
+        return served
+
+    @property
+    def all_alive(self) -> bool:
+        return all(m.is_alive for m in self.models.values())
 
     def check_api_key(self, headers: Headers) -> None:
         """Accept `Authorization: Bearer KEY` (OpenAI) or `x-api-key: KEY` (Anthropic) on any route."""

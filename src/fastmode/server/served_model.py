@@ -1,0 +1,70 @@
+"""One model the server answers for: its name, its engine, its admission and its engine thread.
+
+A server may serve several models side by side (the main one and, for the
+default model, its Spark student). Each has its own engine, KV cache, queue
+bound and fast lane, so each gets its own admission controller and engine
+thread; clients pick one with the request's `model` field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastmode.engine.async_engine import AsyncEngine, EngineStats
+from fastmode.engine.llm_engine import LLMEngine
+from fastmode.sampling_params import SamplingParams
+from fastmode.server.admission import AdmissionController
+from fastmode.server.errors import ApiError
+
+
+@dataclass
+class ServedModel:
+    name: str  # what clients send as `model`, and what responses say ran
+    engine: LLMEngine
+    admission: AdmissionController
+    async_engine: AsyncEngine | None = None  # runs while the app's lifespan does
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def running(self) -> AsyncEngine:
+        if self.async_engine is None:
+            raise ApiError("overloaded", "the engine is not running (server starting or shutting down)")
+        return self.async_engine
+
+    @property
+    def is_alive(self) -> bool:
+        return self.async_engine is not None and self.async_engine.is_alive
+
+    def start(self) -> None:
+        self.async_engine = AsyncEngine(self.engine, self.name)
+
+    def stop(self) -> None:
+        """Abort what is in flight (each request receives an error) and stop the thread."""
+        running, self.async_engine = self.async_engine, None
+        if running is not None:
+            running.shutdown()
+
+    def stats(self) -> EngineStats | None:
+        a = self.async_engine
+        return a.stats() if a is not None else None
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Refuse, before admission and before any stream starts, what this model's engine cannot do.
+
+        The engine would refuse it too, but only once the request reaches it,
+        which for a streaming response is after the 200 has been sent.
+        """
+        if params.speculative == "draft" and self.engine.drafter is None:
+            raise ApiError(
+                "invalid_request",
+                f"speculative: 'draft' needs a draft model and `{self.name}` is served without one "
+                "(start the server with --draft-model); use 'ngram' or 'off', or omit the field",
+                param="speculative", code="unsupported_parameter",
+            )
