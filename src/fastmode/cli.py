@@ -23,6 +23,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("calibrate", "fastmode.calibrate.command"),
     ("simulate", "fastmode.sim.command"),
     ("distill", "fastmode.distill.command"),
+    ("bench", "fastmode.bench.command"),
 ]
 
 
