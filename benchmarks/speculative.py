@@ -7,7 +7,11 @@ be identical (speculation is lossless). Speculation is forced on regardless
 of the batch policy with `--force`; by default the engine's policy decides
 (so large batches show the policy switching it off, i.e. ~1.0x).
 
-    .venv/bin/python benchmarks/speculative.py --batches 1,4,16 --draft-model layers:8
+    .venv/bin/python benchmarks/speculative.py --batches 1,4,16            # draft = the model's Spark ("auto")
+    .venv/bin/python benchmarks/speculative.py --batches 1 --draft-model layers:8
+
+It also measures the Spark model on its own against the teacher (plain decoding,
+same prompts, same batch sizes): the seeds' "smaller, faster, weaker" route.
 """
 
 from __future__ import annotations
@@ -56,24 +60,29 @@ def run(llm, prompts, method: str, max_tokens: int):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None)
-    p.add_argument("--draft-model", default=None, help="path, or layers:N (the target's first N layers)")
+    p.add_argument("--draft-model", default="auto", help="auto (the model's Spark), spark, a path, layers:N, or none")
     p.add_argument("--batches", default="1,4,16")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--force", action="store_true", help="speculate at every batch size (ignore the batch threshold)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--no-spark", action="store_true", help="skip the Spark-vs-teacher rows")
     p.add_argument("--out", default="runs/speculative.json")
     args = p.parse_args()
 
     from fastmode import LLM
 
     extra = {"speculative_max_batch": 1024} if args.force else {}
-    llm = LLM(model=args.model, draft_model=args.draft_model, **extra)
+    draft = None if args.draft_model.lower() == "none" else args.draft_model
+    llm = LLM(model=args.model, draft_model=draft, num_threads=args.threads, **extra)
     tok = llm.tokenizer
     workloads = {
         "chat": [tok.encode_chat([{"role": "user", "content": c}]) for c in CHAT],
         "code-edit": [tok.encode_chat([{"role": "user", "content": CODE_EDIT}])],
     }
-    methods = ["ngram"] + (["draft"] if args.draft_model else [])
-    print(f"machine: {machine()}  model: {llm.engine.model_name} ({llm.engine.loaded.dtype})  draft: {args.draft_model}")
+    drafter = llm.engine.drafter
+    methods = ["ngram"] + (["draft"] if drafter is not None else [])
+    draft_name = drafter.model.cfg.name if drafter is not None else "none"
+    print(f"machine: {machine()}  model: {llm.engine.model_name} ({llm.engine.loaded.dtype})  draft: {draft_name}")
     print(f"{'workload':>10} {'batch':>5} {'method':>6} {'plain tok/s':>11} {'spec tok/s':>10} {'speed-up':>8} {'accept':>7} {'same':>5}")
     rows = []
     for name, base in workloads.items():
@@ -91,8 +100,31 @@ def main() -> None:
                              "speedup": spec / plain, "acceptance": acc, "drafted": drafted, "identical": same})
                 print(f"{name:>10} {b:>5} {m:>6} {plain:>11.1f} {spec:>10.1f} {spec / plain:>7.2f}x "
                       f"{'-' if acc is None else f'{acc:.2f}':>7} {str(same):>5}", flush=True)
-    out = write_json(args.out, {"machine": machine(), "args": vars(args), "rows": rows})
+    spark_rows = [] if args.no_spark or args.model else spark_vs_teacher(llm, workloads["chat"], args)
+    out = write_json(args.out, {"machine": machine(), "args": vars(args), "draft": draft_name, "rows": rows,
+                                "spark_vs_teacher": spark_rows})
     print(f"wrote {out}")
+
+
+def spark_vs_teacher(teacher, chat_prompts, args) -> list[dict]:
+    """Plain decoding, Spark served as its own model vs the teacher, on the same chat prompts."""
+    from fastmode import LLM
+    from fastmode.distill import find_spark
+
+    if find_spark() is None:
+        print("spark: skipped (no Spark weights; run `fastmode distill`)")
+        return []
+    spark = LLM(model="spark", num_threads=args.threads, speculative="off")
+    print(f"{'model':>28} {'batch':>5} {'tok/s':>8} {'vs teacher':>10}")
+    rows = []
+    for b in [int(x) for x in args.batches.split(",")]:
+        prompts = [chat_prompts[i % len(chat_prompts)] for i in range(b)]
+        _, t_tok_s = run(teacher, prompts, "off", args.max_tokens)
+        _, s_tok_s = run(spark, prompts, "off", args.max_tokens)
+        rows.append({"batch": b, "teacher_tok_s": t_tok_s, "spark_tok_s": s_tok_s, "ratio": s_tok_s / t_tok_s})
+        print(f"{teacher.engine.model_name:>28} {b:>5} {t_tok_s:>8.1f} {'1.00x':>10}")
+        print(f"{spark.engine.model_name:>28} {b:>5} {s_tok_s:>8.1f} {s_tok_s / t_tok_s:>9.2f}x", flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ def register(subparsers: Any) -> None:
         epilog="\n".join(__doc__.splitlines()[1:]),
     )
     p.add_argument("--model", action="append", default=None, metavar="PATH",
-                   help="model path or name; repeat to compare (default: the embedded model)")
+                   help="model path or name ('default' = the embedded model, 'spark' = its Spark); "
+                        "repeat to compare (default: the embedded model)")
     p.add_argument("--speculative", choices=SPECULATIVE_CHOICES, default="off",
                    help="also evaluate the first model with this speculative mode")
     p.add_argument("--limit", type=int, default=None, metavar="N",
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"fastmode eval: {exc}", file=sys.stderr)
         return 2
-    models: list[str | None] = args.model or [None]
+    models: list[str | None] = [None if m == "default" else m for m in args.model] if args.model else [None]
     runs: list[tuple[str | None, str | None]] = [(m, None) for m in models]
     batch_size = args.batch_size
     if args.speculative != "off":
