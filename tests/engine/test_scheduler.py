@@ -235,3 +235,55 @@ def test_finishing_by_length_and_eos_frees_blocks():
     for _ in range(5):
         step(s)
     assert s.get("eos") is None and s.get("len") is None and free_ok(s)
+
+
+def test_incremental_counts_match_a_recount_under_churn():
+    """The scheduler keeps per-tier running counts and the queue its size incrementally (they are read
+    every step); after every step of a churning load (tiers, the lane, preemptions, aborts, drafts)
+    they must equal a recount, and the KV accounting must balance."""
+    import random
+
+    rng = random.Random(7)
+    s = Scheduler(SchedulerConfig(num_blocks=16, block_size=4, max_num_seqs=6, max_num_batched_tokens=24,
+                                  fast_lane_max_batch=2, aging_s=5.0))
+    tiers = [Tier.FAST, Tier.STANDARD, Tier.STANDARD, Tier.FLEX]
+    preempted = 0
+    for k in range(400):
+        now = k * 0.1
+        if rng.random() < 0.3:
+            s.add(make(f"r{k}", n_prompt=rng.randint(1, 30), tier=rng.choice(tiers), t=now,
+                       max_tokens=rng.randint(1, 12)))
+        if rng.random() < 0.05 and s.running:
+            s.abort(rng.choice(s.running).request_id, now)
+        for seq in s.running:  # some decoding sequences speculate, so the draft path runs too
+            if not seq.is_prefilling and rng.random() < 0.3:
+                seq.draft_token_ids = [TOKEN] * rng.randint(1, 3)
+        out = s.schedule(now)
+        preempted += len(out.preempted)
+        sampled = {}
+        for x in out.scheduled:
+            if x.samples:
+                sampled[x.seq.request_id] = [TOKEN] * (1 + rng.randint(0, x.num_draft_tokens))
+        s.update_from_output(out, sampled, now)
+        for tier in Tier:
+            assert s.num_running(tier) == sum(1 for q in s.running if q.tier is tier)
+        assert len(s.waiting) == len(list(s.waiting)) and bool(s.waiting) == (len(s.waiting) > 0)
+        held = {b for q in s.running for b in q.block_table}
+        assert s.block_manager.num_free_blocks == s.config.num_blocks - len(held)
+    assert preempted > 0
+    for seq in list(s.running) + list(s.waiting):
+        s.abort(seq.request_id, 99.0)
+    assert not s.has_work and free_ok(s) and not s.waiting
+
+
+def test_block_tuples_cut_tokens_like_slices():
+    """commit cuts tokens into blocks with a fast path; it must match plain slicing, also for blocks
+    past the last token (accepted drafts are counted as computed before they are appended)."""
+    from fastmode.engine.block_manager import _block_tuples
+
+    tokens = list(range(23))
+    for bs in (1, 4, 16):
+        for start in range(0, 8):
+            for stop in range(start, 10):
+                want = [tuple(tokens[i * bs : (i + 1) * bs]) for i in range(start, stop)]
+                assert list(_block_tuples(tokens, start, stop, bs)) == want

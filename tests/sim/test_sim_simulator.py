@@ -151,3 +151,30 @@ def test_preempted_requests_recompute_from_their_own_cached_blocks(h100_8b):
     off = simulate(reqs, h100_8b, SimConfig(sched_config(num_blocks=300, enable_prefix_caching=False)))
     assert on.num_preemptions > 0
     assert on.busy_s < off.busy_s
+
+
+def test_prefix_cache_is_skipped_only_while_it_cannot_matter(h100_8b, monkeypatch):
+    """simulate() runs a workload without shared prefixes without the prefix cache, and starts over
+    with it at the first preemption; either way the result is exactly the configured scheduler's."""
+    runs = []
+    real_run = simulator._run
+
+    def spy(*args, **kwargs):
+        runs.append(kwargs.get("skip_prefix_cache", False))
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(simulator, "_run", spy)
+    shared = [RequestSpec(f"r{i}", i * 0.05, 300, 8, Tier.STANDARD, prefix_group=i % 3, prefix_tokens=200)
+              for i in range(60)]
+    cases = [(workload(300, rate=20.0), 4000, [True]),  # never preempts: one run, without the cache
+             (workload(200, rate=50.0), 100, [True, False]),  # preempts: starts over with the cache
+             (shared, 4000, [False])]  # shared prefixes: the cache is used from the start
+    for reqs, num_blocks, expected_runs in cases:
+        cfg = SimConfig(sched_config(num_blocks=num_blocks), record_steps=True)
+        runs.clear()
+        got = simulate(reqs, h100_8b, cfg)
+        assert runs == expected_runs
+        want = real_run(reqs, h100_8b, cfg)  # the configured scheduler, cache on throughout
+        assert got.requests == want.requests and got.request_ids == want.request_ids
+        assert got.steps == want.steps and got.num_preemptions == want.num_preemptions
+        assert got.num_free_blocks_end == want.num_free_blocks_end == num_blocks

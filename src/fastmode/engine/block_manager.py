@@ -10,12 +10,23 @@ the space is needed (LRU eviction); they count as free.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 
 from fastmode.engine.sequence import Sequence
 
 
 def _chain_hash(parent: int, tokens: tuple[int, ...]) -> int:
-    return hash((parent, tokens))
+    return hash((parent, tokens))  # inlined in BlockManager.commit: keep the two the same
+
+
+def _block_tuples(token_ids: list[int], start: int, stop: int, block_size: int) -> Iterator[tuple[int, ...]]:
+    """The tokens of blocks [start, stop) as tuples."""
+    if stop * block_size <= len(token_ids):
+        # zip over block_size references to one iterator cuts the list into tuples in C.
+        return zip(*[iter(token_ids[start * block_size : stop * block_size])] * block_size)
+    # Blocks past the last token (accepted drafts are counted as computed before they are
+    # appended: Scheduler.update_from_output) hash what is there, possibly nothing.
+    return (tuple(token_ids[i * block_size : (i + 1) * block_size]) for i in range(start, stop))
 
 
 class BlockManager:
@@ -100,22 +111,28 @@ class BlockManager:
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Give `seq` room for `num_new_tokens` more tokens; all or nothing."""
-        n = self.num_new_blocks(seq, num_new_tokens)
-        if n > self.num_free_blocks:
+        # Inlined num_new_blocks: this runs for every scheduled sequence every step,
+        # and most decode tokens still fit in the last block (n <= 0).
+        n = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
+        if n <= 0:
+            return True
+        if n > len(self.free_ids) + len(self.evictable):
             return False
-        for _ in range(n):
-            seq.block_table.append(self._take_block())
+        self._take_blocks(n, seq.block_table)
         return True
 
-    def _take_block(self) -> int:
-        if self.free_ids:
-            b = self.free_ids.popleft()
-        else:  # evict the least recently released cached block
+    def _take_blocks(self, n: int, into: list[int]) -> None:
+        """Append `n` blocks to `into`: never-used or freed ones first, then evict cached ones."""
+        free_ids, ref_count = self.free_ids, self.ref_count
+        taken = [free_ids.popleft() for _ in range(min(n, len(free_ids)))]
+        while len(taken) < n:  # evict the least recently released cached block
             b, _ = self.evictable.popitem(last=False)
             del self.hash_to_block[self.block_hash[b]]
             self.block_hash[b] = None
-        self.ref_count[b] = 1
-        return b
+            taken.append(b)
+        for b in taken:
+            ref_count[b] = 1
+        into.extend(taken)
 
     def commit(self, seq: Sequence) -> None:
         """Register the full, computed blocks of `seq` in the prefix cache."""
@@ -124,15 +141,17 @@ class BlockManager:
         num_full = seq.num_computed_tokens // self.block_size
         if num_full <= len(seq.block_hashes):  # most decode steps complete no block
             return
-        parent = seq.block_hashes[-1] if seq.block_hashes else 0
-        for i in range(len(seq.block_hashes), num_full):
-            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
-            parent = _chain_hash(parent, tokens)
-            seq.block_hashes.append(parent)
-            b = seq.block_table[i]
-            if parent not in self.hash_to_block and self.block_hash[b] is None:
-                self.hash_to_block[parent] = b
-                self.block_hash[b] = parent
+        hashes, token_ids, bs = seq.block_hashes, seq.token_ids, self.block_size
+        hash_to_block, block_hash = self.hash_to_block, self.block_hash
+        parent = hashes[-1] if hashes else 0
+        first = len(hashes)
+        # Every block of every prompt comes through here, so the loop is lean (_chain_hash inlined).
+        for b, tokens in zip(seq.block_table[first:num_full], _block_tuples(token_ids, first, num_full, bs)):
+            parent = hash((parent, tokens))
+            hashes.append(parent)
+            if block_hash[b] is None and parent not in hash_to_block:
+                hash_to_block[parent] = b
+                block_hash[b] = parent
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Drop blocks past what `num_tokens` tokens need (speculative rollback)."""
@@ -143,16 +162,29 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         # Release in reverse so a prefix's tail is evicted before its head.
-        for b in reversed(seq.block_table):
-            self._release(b)
+        self._release_all(seq.block_table[::-1])
         seq.block_table = []
         seq.block_hashes = []
 
     def _release(self, b: int) -> None:
-        self.ref_count[b] -= 1
-        assert self.ref_count[b] >= 0, f"block {b} released twice"
-        if self.ref_count[b] == 0:
-            if self.block_hash[b] is not None:
-                self.evictable[b] = None
-            else:
-                self.free_ids.append(b)
+        self._release_all((b,))
+
+    def _release_all(self, blocks: list[int] | tuple[int, ...]) -> None:
+        """Drop one reference to each of `blocks`, in order (one loop: a prompt holds dozens)."""
+        ref_count, block_hash = self.ref_count, self.block_hash
+        if not self.enable_prefix_caching:
+            # Without the cache no block is shared or kept: each one is free again, in order.
+            for b in blocks:
+                assert ref_count[b] == 1, f"block {b} released twice"
+                ref_count[b] = 0
+            self.free_ids.extend(blocks)
+            return
+        for b in blocks:
+            ref = ref_count[b] - 1
+            assert ref >= 0, f"block {b} released twice"
+            ref_count[b] = ref
+            if ref == 0:
+                if block_hash[b] is not None:
+                    self.evictable[b] = None
+                else:
+                    self.free_ids.append(b)

@@ -18,6 +18,7 @@ at its original arrival time, to be recomputed later. See docs/fast-lane.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from fastmode.engine.block_manager import BlockManager
 from fastmode.engine.sequence import FinishReason, Sequence, Status
@@ -45,7 +46,7 @@ class SchedulerConfig:
             raise ValueError("aging_s must be > 0 (or None to disable aging)")
 
 
-@dataclass
+@dataclass(slots=True)  # one per scheduled sequence per step: slots make them cheap to build
 class ScheduledSeq:
     seq: Sequence
     num_tokens: int  # tokens whose KV this step computes
@@ -54,10 +55,14 @@ class ScheduledSeq:
     @property
     def samples(self) -> bool:
         """Whether this step ends at the sequence's frontier, so a next token is sampled."""
-        return self.seq.num_computed_tokens + self.num_tokens - self.num_draft_tokens == len(self.seq)
+        seq = self.seq
+        return seq.num_computed_tokens + self.num_tokens - self.num_draft_tokens == len(seq.token_ids)
 
 
-@dataclass
+_num_tokens = attrgetter("num_tokens")
+
+
+@dataclass(slots=True)  # one per step
 class SchedulerOutput:
     step: int
     scheduled: list[ScheduledSeq] = field(default_factory=list)
@@ -71,16 +76,18 @@ class SchedulerOutput:
 
     @property
     def total_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
+        return sum(map(_num_tokens, self.scheduled))
 
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
 
 
-def _priority_key(seq: Sequence) -> tuple[int, float]:
-    """Larger = less important: lower tier, then later arrival (victim order)."""
-    return (seq.tier.rank, seq.arrival_time_s)
+# Sort keys as attrgetters: they build the tuple in C, and `schedule` sorts every resident every step.
+# Victim order: larger = less important, i.e. lower tier, then later arrival.
+_priority_key = attrgetter("tier_rank", "arrival_time_s")
+# Service order: by tier, then least recently served (rotation), then arrival.
+_service_key = attrgetter("tier_rank", "last_scheduled_step", "arrival_time_s")
 
 
 class Scheduler:
@@ -89,7 +96,8 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.waiting = TieredQueue(config.aging_s)
-        self.running: list[Sequence] = []  # resident: hold KV blocks
+        self.running: list[Sequence] = []  # resident: hold KV blocks; change it only via _start/_stop_running
+        self._num_running = dict.fromkeys(Tier, 0)  # per tier, kept with `running`: read every step
         self.step_count = 0
         self.num_preemptions = 0
         self._by_id: dict[str, Sequence] = {}
@@ -113,7 +121,7 @@ class Scheduler:
         if seq.is_finished:
             return
         if seq.status is Status.RUNNING:
-            self.running.remove(seq)
+            self._stop_running(seq)
         else:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
@@ -133,16 +141,24 @@ class Scheduler:
         return bool(self.running) or bool(self.waiting)
 
     def num_running(self, tier: Tier) -> int:
-        return sum(1 for s in self.running if s.tier is tier)
+        return self._num_running[tier]
+
+    def _start_running(self, seq: Sequence) -> None:
+        self.running.append(seq)
+        self._num_running[seq.tier] += 1
+
+    def _stop_running(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._num_running[seq.tier] -= 1
 
     def lane_active(self) -> bool:
         return self.config.fast_lane_max_batch is not None and (
-            self.num_running(Tier.FAST) > 0 or self.waiting.num_waiting(Tier.FAST) > 0
+            self._num_running[Tier.FAST] > 0 or self.waiting.num_waiting(Tier.FAST) > 0
         )
 
     # -- scheduling --------------------------------------------------------
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        self.running.remove(seq)
+        self._stop_running(seq)
         self.block_manager.free(seq)
         seq.status = Status.WAITING
         seq.num_computed_tokens = 0
@@ -152,9 +168,13 @@ class Scheduler:
         self.waiting.add(seq)
         out.preempted.append(seq)
 
-    def _victim(self, protect: set[int], below: Sequence) -> Sequence | None:
-        """The least important resident sequence not in `protect` and not more important than `below`."""
-        candidates = [s for s in self.running if id(s) not in protect and _priority_key(s) >= _priority_key(below)]
+    def _victim(self, out: SchedulerOutput, below: Sequence) -> Sequence | None:
+        """The least important resident sequence, not more important than `below`, that is
+        neither `below` nor already scheduled this step."""
+        protect = {id(s.seq) for s in out.scheduled}
+        protect.add(id(below))
+        key = _priority_key(below)
+        candidates = [s for s in self.running if id(s) not in protect and _priority_key(s) >= key]
         return max(candidates, key=_priority_key, default=None)
 
     def _tokens_for(self, seq: Sequence, budget: int) -> tuple[int, int]:
@@ -168,46 +188,65 @@ class Scheduler:
     def schedule(self, now_s: float) -> SchedulerOutput:
         cfg = self.config
         self.step_count += 1
-        out = SchedulerOutput(step=self.step_count, lane_active=self.lane_active())
+        step = self.step_count
+        out = SchedulerOutput(step=step, lane_active=self.lane_active())
+        scheduled, paused = out.scheduled, out.paused
         cap = cfg.fast_lane_max_batch if out.lane_active else cfg.max_num_seqs
         budget = cfg.max_num_batched_tokens
-        chosen: set[int] = set()
 
-        # Slots the lane keeps for fast requests still waiting for admission.
-        fast_waiting = self.waiting.num_waiting(Tier.FAST)
-        reserve = min(fast_waiting, max(0, cap - self.num_running(Tier.FAST))) if out.lane_active else 0
+        reserve = 0  # slots the lane keeps for fast requests still waiting for admission
+        if out.lane_active:
+            reserve = min(self.waiting.num_waiting(Tier.FAST), max(0, cap - self._num_running[Tier.FAST]))
+        limit_fast, limit_other = cap, cap - reserve
 
         # 1. Resident sequences: by tier, then least recently served (rotation), then arrival.
-        for seq in sorted(self.running, key=lambda s: (s.tier.rank, s.last_scheduled_step, s.arrival_time_s)):
-            if seq.status is not Status.RUNNING:  # preempted earlier in this loop
+        # This loop runs for every resident every step, hence the local names.
+        allocate, running, fast = self.block_manager.allocate, Status.RUNNING, Tier.FAST
+        for seq in sorted(self.running, key=_service_key):
+            if seq.status is not running:  # preempted earlier in this loop
                 continue
-            limit = cap if seq.tier is Tier.FAST else cap - reserve
-            if len(out.scheduled) >= limit:  # checked first: a lane step skips most residents cheaply
-                out.paused.append(seq)
+            if len(scheduled) >= (limit_fast if seq.tier is fast else limit_other):
+                paused.append(seq)  # checked first: a lane step skips most residents cheaply
                 continue
-            n, drafts = self._tokens_for(seq, budget)
-            if n == 0:
-                out.paused.append(seq)
-                continue
-            while not self.block_manager.allocate(seq, n):
-                victim = self._victim(chosen | {id(seq)}, below=seq)
-                if victim is None:  # nothing less important to evict: give up this one's KV
-                    self._preempt(seq, out)
-                    break
-                self._preempt(victim, out)
-            if seq.status is not Status.RUNNING:
-                continue
-            chosen.add(id(seq))
-            out.scheduled.append(ScheduledSeq(seq, n, drafts))
+            if len(seq.token_ids) - seq.num_computed_tokens == 1 and not seq.draft_token_ids and budget >= 1:
+                n, drafts = 1, 0  # a plain decode, the usual case: what _tokens_for returns, without the call
+            else:
+                n, drafts = self._tokens_for(seq, budget)
+                if n == 0:
+                    paused.append(seq)
+                    continue
+            if not allocate(seq, n) and not self._evict_for(seq, n, out):
+                continue  # `seq` itself had to give up its KV
+            scheduled.append(ScheduledSeq(seq, n, drafts))
+            seq.last_scheduled_step = step  # not read again this step: the order above is fixed
             budget -= n
 
         # 2. Admit waiting requests in priority order while slots, budget and memory allow.
+        if self.waiting and len(scheduled) < cap and budget > 0:
+            self._admit(now_s, cap, budget, out)
+        return out
+
+    def _evict_for(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Preempt less important residents until `seq` gets room for `num_tokens`; if
+        nothing less important is left, preempt `seq` itself and return False."""
+        while True:
+            victim = self._victim(out, below=seq)
+            if victim is None:  # nothing less important to evict: give up this one's KV
+                self._preempt(seq, out)
+                return False
+            self._preempt(victim, out)
+            if self.block_manager.allocate(seq, num_tokens):
+                return True
+
+    def _admit(self, now_s: float, cap: int, budget: int, out: SchedulerOutput) -> None:
         admitted: list[Sequence] = []
-        for seq in self.waiting.iter_admission_order(now_s):
-            # Fast requests come first in this order, so the lane's reserve is used up by now.
-            if len(out.scheduled) >= cap or budget <= 0:
+        order = self.waiting.iter_admission_order(now_s)
+        # Fast requests come first in this order, so the lane's reserve is used up by now.
+        while len(out.scheduled) < cap and budget > 0:  # checked before asking for the next in line
+            seq = next(order, None)
+            if seq is None:
                 break
-            if not self._make_room(seq, budget, chosen, out):
+            if not self._make_room(seq, budget, out):
                 break  # strict priority: do not let later requests overtake one that does not fit
             cached = self.block_manager.admit(seq)
             if seq.first_scheduled_s is None:
@@ -216,27 +255,23 @@ class Scheduler:
             ok = self.block_manager.allocate(seq, n)
             assert ok, "admission was checked"
             admitted.append(seq)
-            chosen.add(id(seq))
             out.scheduled.append(ScheduledSeq(seq, n, 0))
+            seq.last_scheduled_step = self.step_count
             budget -= n
         for seq in admitted:
             self.waiting.remove(seq)
             seq.status = Status.RUNNING
-            self.running.append(seq)
+            self._start_running(seq)
             if seq.first_scheduled_s is None:
                 seq.first_scheduled_s = now_s
 
-        for s in out.scheduled:
-            s.seq.last_scheduled_step = self.step_count
-        return out
-
-    def _make_room(self, seq: Sequence, budget: int, chosen: set[int], out: SchedulerOutput) -> bool:
-        """Ensure `seq` can be admitted, preempting less important, unscheduled residents."""
+    def _make_room(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
+        """Ensure `seq` can be admitted, preempting less important residents not scheduled this step."""
         while True:
             fits, _ = self.block_manager.can_admit(seq, budget)
             if fits and len(self.running) < self.config.max_num_seqs:
                 return True
-            victim = self._victim(chosen, below=seq)
+            victim = self._victim(out, below=seq)
             if victim is None or victim.tier.rank <= seq.tier.rank:
                 # Only a more urgent tier may take a resident's place; equals wait their turn.
                 return False
@@ -250,19 +285,26 @@ class Scheduler:
         one new token (or nothing for a mid-prompt chunk). Returns sequences that
         got new tokens or finished this step."""
         touched = []
+        running = Status.RUNNING  # a local: this loop is hot
+        # commit is a no-op without the prefix cache: skip the call then.
+        commit = self.block_manager.commit if self.block_manager.enable_prefix_caching else None
         for s in out.scheduled:
             seq = s.seq
-            if seq.is_finished or seq.status is not Status.RUNNING:
-                continue  # aborted while the step ran
-            new = sampled.get(seq.request_id, [])
-            accepted = max(0, len(new) - 1) if s.num_draft_tokens else 0
-            seq.num_computed_tokens += s.num_tokens - (s.num_draft_tokens - accepted)
-            seq.draft_token_ids = []
-            if s.num_draft_tokens:
+            if seq.status is not running:
+                continue  # aborted (finished) or preempted while the step ran
+            new = sampled.get(seq.request_id)
+            if s.num_draft_tokens:  # only accepted drafts keep their KV
+                accepted = max(0, len(new) - 1) if new else 0
+                seq.num_computed_tokens += s.num_tokens - (s.num_draft_tokens - accepted)
                 self.block_manager.truncate(seq, seq.num_computed_tokens)
+            else:
+                seq.num_computed_tokens += s.num_tokens
+            if seq.draft_token_ids:
+                seq.draft_token_ids = []
             # Register full blocks before a possible finish frees them: a finished
             # conversation stays in the prefix cache for its next turn.
-            self.block_manager.commit(seq)
+            if commit is not None:
+                commit(seq)
             if new:
                 self._append(seq, new, now_s)
                 touched.append(seq)
@@ -270,15 +312,16 @@ class Scheduler:
 
     def _append(self, seq: Sequence, new: list[int], now_s: float) -> None:
         p = seq.params
+        token_ids = seq.token_ids
+        if seq.first_token_s is None:
+            seq.first_token_s = now_s
+        seq.last_token_s = now_s
         for tok in new:
-            seq.token_ids.append(tok)
-            if seq.first_token_s is None:
-                seq.first_token_s = now_s
-            seq.last_token_s = now_s
+            token_ids.append(tok)
             reason = None
             if (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids:
                 reason = FinishReason.STOP
-            elif seq.num_output_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len:
+            elif len(token_ids) - seq.num_prompt_tokens >= p.max_tokens or len(token_ids) >= self.config.max_model_len:
                 reason = FinishReason.LENGTH
             if reason is not None:
                 # KV of tokens past a stop is discarded with the rest of the sequence.

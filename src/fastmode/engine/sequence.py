@@ -41,6 +41,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.tier = tier
+        self.tier_rank = tier.rank  # the scheduler sorts by it every step (a request keeps its tier)
         self.arrival_time_s = arrival_time_s
         self.status = Status.WAITING
         self.finish_reason: FinishReason | None = None

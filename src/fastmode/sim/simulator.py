@@ -13,16 +13,23 @@ with `CostModel.step_cost` in place of the model runner:
 When nothing is resident or waiting, the clock jumps to the next arrival.
 Requests stop by length only (`ignore_eos`, one fixed token id), so the
 outputs are lengths, not text. No torch here.
+
+Speed (docs/simulator.md): a step costs tens of microseconds, mostly the
+scheduler's Python. `simulate` skips the prefix cache while it cannot matter
+(see there), and the loop reads fields directly where a property would cost a
+call per sequence per step.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 
 from fastmode.engine.metering import RequestMetrics, attribute_step, request_metrics
 from fastmode.engine.scheduler import Scheduler, SchedulerConfig
-from fastmode.engine.sequence import Sequence
+from fastmode.engine.sequence import Sequence, Status
 from fastmode.planner.cost_model import CostModel
 from fastmode.sampling_params import SamplingParams
 from fastmode.sim.step_timer import StepTimer
@@ -75,16 +82,43 @@ def kv_cache_blocks(cost_model: CostModel, block_size: int = 16, kv_cache_gib: f
     return blocks
 
 
+@functools.lru_cache(maxsize=4096)
+def _sampling_params(max_tokens: int) -> SamplingParams:
+    # Frozen, so requests of one length can share it; building one per request costs ~5 us.
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
 def make_sequence(spec: RequestSpec, index: int) -> Sequence:
     """The Sequence the engine would build for `spec` (prompt ids are synthetic)."""
-    params = SamplingParams(temperature=0.0, max_tokens=spec.output_tokens, ignore_eos=True)
+    params = _sampling_params(spec.output_tokens)
     return Sequence(spec.request_id, spec.prompt_token_ids(index), params, spec.tier, spec.arrival_s)
 
 
 def simulate(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig = SimConfig()) -> SimResult:
     """Run `workload` to completion; every request must finish (or this raises)."""
     t_wall = time.perf_counter()
+    result = None
+    if config.scheduler.enable_prefix_caching and not any(r.prefix_group is not None for r in workload):
+        # Without prefix groups every synthetic prompt is unique from its first block on
+        # (RequestSpec.prompt_token_ids), so the prefix cache can only ever serve a preempted
+        # request its own blocks back. Until a first preemption the cache changes nothing, not
+        # even the number of free blocks, yet hashing and evicting every block costs about a
+        # quarter of the run: run without it, and start over with it if a request is preempted.
+        result = _run(workload, cost_model, config, skip_prefix_cache=True)
+    if result is None:
+        result = _run(workload, cost_model, config)
+    result.wall_s = time.perf_counter() - t_wall
+    return result
+
+
+def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
+         skip_prefix_cache: bool = False) -> SimResult | None:
+    """One simulation. With `skip_prefix_cache` the scheduler runs without its prefix cache,
+    and this returns None at the first preemption, from where the result could differ."""
+    t_wall = time.perf_counter()
     sched_cfg = config.scheduler
+    if skip_prefix_cache:
+        sched_cfg = dataclasses.replace(sched_cfg, enable_prefix_caching=False)
     sched = Scheduler(sched_cfg)
     step_time = StepTimer(cost_model)
     pending = sorted(workload, key=lambda r: r.arrival_s)
@@ -96,8 +130,9 @@ def simulate(workload: list[RequestSpec], cost_model: CostModel, config: SimConf
     now = busy = 0.0
     i = num_steps = lane_steps = 0
     n = len(pending)
+    one_token = [SAMPLED_TOKEN]  # shared by every sampling sequence: the scheduler only reads it
 
-    while i < n or sched.has_work:
+    while True:
         while i < n and pending[i].arrival_s <= now:
             spec = pending[i]
             if spec.prompt_tokens + spec.output_tokens > max_len:
@@ -106,10 +141,14 @@ def simulate(workload: list[RequestSpec], cost_model: CostModel, config: SimConf
             sched.add(make_sequence(spec, i))
             i += 1
         if not sched.has_work:
+            if i == n:
+                break  # everything arrived and finished
             now = pending[i].arrival_s  # idle: skip to the next arrival
             continue
         out = sched.schedule(now)
-        if out.is_empty:
+        if out.preempted and skip_prefix_cache:
+            return None
+        if not out.scheduled:  # out.is_empty
             if i < n:  # nothing fits until more work arrives or leaves: wait for the next arrival
                 now = max(now, pending[i].arrival_s)
                 continue
@@ -120,12 +159,13 @@ def simulate(workload: list[RequestSpec], cost_model: CostModel, config: SimConf
         chunks, contexts, sampled = [], [], {}
         for s in out.scheduled:
             seq = s.seq
+            computed = seq.num_computed_tokens
             if s.num_tokens > 1:
-                chunks.append((s.num_tokens, seq.num_computed_tokens))
+                chunks.append((s.num_tokens, computed))
             else:
-                contexts.append(seq.num_computed_tokens)
-            if s.samples:
-                sampled[seq.request_id] = [SAMPLED_TOKEN]
+                contexts.append(computed)
+            if computed + s.num_tokens - s.num_draft_tokens == len(seq.token_ids):  # s.samples, inlined
+                sampled[seq.request_id] = one_token
         dt = step_time.step_s(chunks, contexts)
         now += dt
         busy += dt
@@ -135,7 +175,7 @@ def simulate(workload: list[RequestSpec], cost_model: CostModel, config: SimConf
             steps.append((now, dt, len(out.scheduled), out.total_tokens))
         attribute_step(out, dt)
         for seq in sched.update_from_output(out, sampled, now):
-            if seq.is_finished:
+            if seq.status is Status.FINISHED:
                 metrics.append(request_metrics(seq, usd))
                 rids.append(seq.request_id)
 

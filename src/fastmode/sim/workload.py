@@ -52,9 +52,12 @@ class RequestSpec:
         `index` (unique per request in a run) makes the private part unique.
         """
         shared = self.prefix_tokens if self.prefix_group is not None else 0
-        head = [-1 - self.prefix_group] + [0] * (shared - 1) if shared else []
-        rest = self.prompt_tokens - shared
-        return head + ([1_000_000 + index] + [0] * (rest - 1) if rest else [])
+        ids = [0] * self.prompt_tokens  # built in place: one list of prompt length per request
+        if shared:
+            ids[0] = -1 - self.prefix_group
+        if shared < self.prompt_tokens:
+            ids[shared] = 1_000_000 + index
+        return ids
 
     def to_json(self) -> dict:
         d = {"id": self.request_id, "arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
