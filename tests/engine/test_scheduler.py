@@ -287,3 +287,30 @@ def test_block_tuples_cut_tokens_like_slices():
             for stop in range(start, 10):
                 want = [tuple(tokens[i * bs : (i + 1) * bs]) for i in range(start, stop)]
                 assert list(_block_tuples(tokens, start, stop, bs)) == want
+
+
+def test_accepted_drafts_crossing_a_block_register_the_real_tokens_in_the_prefix_cache():
+    """A verify step computes drafts before they are appended: the block they complete must be
+    hashed from its real tokens (next step), so a later prompt with that prefix hits the cache."""
+    bs = 4
+    s = Scheduler(SchedulerConfig(num_blocks=64, block_size=bs, fast_lane_max_batch=None))
+    prompt = [101, 102, 103, 104, 105, 106]  # 1.5 blocks
+    s.add(make("a", prompt=prompt, max_tokens=12))
+    step(s)  # prefill + first token: 7 tokens
+    seq = s.running[0]
+    seq.draft_token_ids = [8, 9, 10]  # verify 1 + 3 tokens; all accepted, plus a bonus token
+    out = s.schedule(1.0)
+    s.update_from_output(out, {"a": [8, 9, 10, 11]}, 1.0)
+    step(s, 2.0)  # the next plain step registers the blocks the drafts completed
+    tokens = list(seq.token_ids)
+    full = len(tokens[: seq.num_computed_tokens]) // bs
+    parent, want = 0, []
+    for b in range(full):
+        parent = hash((parent, tuple(tokens[b * bs : (b + 1) * bs])))
+        want.append(parent)
+    assert seq.block_hashes == want and full >= 2
+    # A new request whose prompt is the first two blocks of that sequence reuses them.
+    s.add(make("b", prompt=tokens[: 2 * bs] + [1], max_tokens=2))
+    before = s.block_manager.num_prefix_hits
+    step(s, 3.0)
+    assert s.block_manager.num_prefix_hits - before == 2

@@ -138,7 +138,9 @@ class BlockManager:
         """Register the full, computed blocks of `seq` in the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
+        # Accepted drafts are computed before they are appended to token_ids: hash only
+        # blocks whose tokens are all there (the rest are registered next step).
+        num_full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
         if num_full <= len(seq.block_hashes):  # most decode steps complete no block
             return
         hashes, token_ids, bs = seq.block_hashes, seq.token_ids, self.block_size
