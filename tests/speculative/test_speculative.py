@@ -30,13 +30,35 @@ def test_policy_per_request_per_tier_and_batch_threshold():
     assert [pol.method_for(s) for s in (fast, std, opt_out, opt_in)] == ["ngram", "off", "off", "ngram"]
     assert pol.enabled_for_step(4) and not pol.enabled_for_step(5)
     k0 = pol.num_draft_tokens(fast)
+    assert k0 > 1  # the optimistic prior tries a long draft first
     for _ in range(10):
-        pol.observe(fast, 4, 0)  # nothing accepted: k shrinks to 1
-    assert pol.num_draft_tokens(fast) == 1 < k0
+        pol.observe(fast, 4, 0)  # nothing accepted: speculation stops, but for a 1-token probe now and then
+    ks = [pol.num_draft_tokens(fast) for _ in range(2 * pol.config.probe_every)]
+    assert ks.count(1) == 2 and ks.count(0) == len(ks) - 2
     for _ in range(10):
         pol.observe(fast, 4, 4)
     assert pol.num_draft_tokens(fast) == pol.config.max_draft_tokens
     assert pol.stats.acceptance_rate("fast") == pytest.approx(40 / 80)
+
+
+def test_policy_weighs_draft_model_cost_against_acceptance():
+    pol = SpecPolicy(SpecConfig(method="draft", tiers=("fast",), max_draft_tokens=6))
+    seq = Sequence("f", [1, 2], SamplingParams(max_tokens=50), Tier.FAST)
+    for _ in range(20):
+        pol.observe(seq, 2, 1)  # acceptance -> 0.5
+    # Free n-gram drafts pay at 50% acceptance; a draft model costing 60% of a step does not.
+    assert pol.num_draft_tokens(seq, "ngram") >= 2
+    for _ in range(20):
+        pol.observe_draft_cost(0.6, 1.0)
+    assert pol.draft_cost == pytest.approx(0.6, abs=1e-3)
+    assert pol.num_draft_tokens(seq, "draft") == 0
+    for _ in range(20):
+        pol.observe_draft_cost(0.05, 1.0)  # a cheap draft: worth it again
+    assert pol.num_draft_tokens(seq, "draft") >= 1
+    # min_gain 0 speculates whatever the cost (used to test the machinery itself).
+    always = SpecPolicy(SpecConfig(method="draft", min_gain=0.0))
+    always.draft_cost = 5.0
+    assert always.num_draft_tokens(seq, "draft") >= 1
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +142,7 @@ def test_draft_model_speculation_is_lossless_and_syncs_its_cache(tiny_llama_dir)
         llm = LLM(
             model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01, draft_model=draft,
             speculative="draft", speculative_tiers="standard", speculative_max_batch=8,
+            speculative_min_gain=0.0,  # draft every step, whatever it costs: the cache sync is under test
         )
         got = [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))]
         assert got == want

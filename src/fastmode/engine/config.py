@@ -26,7 +26,8 @@ class EngineConfig:
     speculative: str = "ngram"  # method where speculation is on by default: off | ngram | draft
     speculative_tiers: str = "fast"  # comma-separated tiers that speculate unless a request opts out
     num_speculative_tokens: int = 6  # upper bound on k; the policy adapts k to measured acceptance
-    speculative_max_batch: int = 4  # no speculation when more sequences than this decode together
+    speculative_max_batch: int = 4  # no speculation when more sequences than this decode together (see fastmode calibrate)
+    speculative_min_gain: float = 1.05  # a sequence speculates only when its expected speed-up is at least this (0 = always)
     draft_model: str | None = "auto"  # "auto" = the model's Spark if there is one; "spark", a path sharing the tokenizer, "layers:N" (the target's first N layers), None
 
     def __post_init__(self) -> None:
@@ -58,6 +59,7 @@ class EngineConfig:
             tiers=tiers,
             max_draft_tokens=self.num_speculative_tokens,
             max_batch=self.speculative_max_batch,
+            min_gain=self.speculative_min_gain,
         )
 
     @classmethod

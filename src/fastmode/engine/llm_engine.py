@@ -77,6 +77,7 @@ class LLMEngine:
         self.clock = time.monotonic
         self.num_steps = 0
         self.busy_s = 0.0  # wall time spent in steps
+        self._draft_round_s: float | None = None  # this step's draft-model time per round
         self.last_error: Exception | None = None
 
     @property
@@ -150,17 +151,20 @@ class LLMEngine:
             method = self.spec.method_for(seq)
             if method == "off":
                 continue
-            k = self.spec.num_draft_tokens(seq)
+            k = self.spec.num_draft_tokens(seq, method)
             if k and method == "ngram":
                 seq.draft_token_ids = propose_ngram(seq.token_ids, k)
             elif k and method == "draft" and self.drafter is not None:
                 by_model.append((seq, k))
         if by_model:  # one batched draft run for every sequence that uses the draft model
+            t0 = time.perf_counter()
             drafts = self.drafter.propose([s for s, _ in by_model], [k for _, k in by_model])
+            self._draft_round_s = (time.perf_counter() - t0) / max(k for _, k in by_model)
             for (seq, _), d in zip(by_model, drafts):
                 seq.draft_token_ids = d
 
     def step(self) -> list[RequestOutput]:
+        self._draft_round_s = None
         self._propose_drafts()
         out = self.scheduler.schedule(self.clock())
         if out.is_empty:
@@ -179,6 +183,8 @@ class LLMEngine:
         self.num_steps += 1
         self.busy_s += step_s
         attribute_step(out, step_s)
+        if self._draft_round_s is not None:  # the policy weighs draft-model cost against this step's
+            self.spec.observe_draft_cost(self._draft_round_s, step_s)
         for s in out.scheduled:
             if s.num_draft_tokens:
                 accepted = len(sampled.get(s.seq.request_id, [])) - 1

@@ -6,8 +6,14 @@
 - Per step: off when more than `max_batch` sequences decode together: once the
   step is compute-bound, verifying k+1 tokens per sequence costs about k+1
   steps and speculation loses (the threshold comes from `fastmode calibrate`).
-- Per sequence: k follows the measured acceptance (an exponential moving
-  average): a long expected run of accepted drafts earns a long draft.
+- Per sequence: k maximises the expected speed-up E[tokens](k) / (1 + k * c)
+  for the sequence's measured acceptance a (an exponential moving average),
+  with c the cost of one more drafted token relative to a plain step: the
+  draft model's measured cost (n-gram drafting is free) plus the cost of
+  verifying one more token. If no k gains `min_gain`, the sequence does not
+  speculate, except for a one-token probe every `probe_every` steps that keeps
+  its acceptance estimate current. A weak draft therefore switches itself off
+  instead of slowing the request down.
 """
 
 from __future__ import annotations
@@ -24,12 +30,17 @@ class SpecConfig:
     max_draft_tokens: int = 6  # k upper bound
     max_batch: int = 4  # speculate only while at most this many sequences decode per step
     ema: float = 0.3  # weight of the newest acceptance observation
+    verify_cost: float = 0.05  # extra verify cost per drafted token, as a fraction of a plain decode step
+    min_gain: float = 1.05  # speculate only when the expected speed-up is at least this (0 = always)
+    probe_every: int = 16  # a sequence that stopped speculating retries one draft token every N steps
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):
             raise ValueError(f"speculative method must be off, ngram or draft; got {self.method!r}")
-        if self.max_draft_tokens < 1 or self.max_batch < 1:
-            raise ValueError("max_draft_tokens and max_batch must be >= 1")
+        if self.max_draft_tokens < 1 or self.max_batch < 1 or self.probe_every < 1:
+            raise ValueError("max_draft_tokens, max_batch and probe_every must be >= 1")
+        if self.min_gain < 0 or self.verify_cost < 0:
+            raise ValueError("min_gain and verify_cost must be >= 0")
 
 
 @dataclass
@@ -39,6 +50,7 @@ class SpecState:
     acceptance: float = 0.7  # optimistic prior: a new sequence tries a long draft once
     proposed: int = 0
     accepted: int = 0
+    idle_steps: int = 0  # steps without speculation since the last draft (for probing)
 
 
 @dataclass
@@ -64,6 +76,9 @@ class SpecPolicy:
         self.config = config
         self.states: dict[str, SpecState] = {}
         self.stats = SpecStats()
+        # One draft-model round over one target step, measured by the engine (EMA);
+        # the prior is about what a 10-of-30-layer Spark costs its teacher.
+        self.draft_cost = 0.4
 
     def method_for(self, seq: Sequence) -> str:
         requested = seq.params.speculative
@@ -74,13 +89,37 @@ class SpecPolicy:
     def enabled_for_step(self, num_decoding: int) -> bool:
         return num_decoding <= self.config.max_batch
 
-    def num_draft_tokens(self, seq: Sequence) -> int:
-        """k for this sequence's next step: about the expected run of accepted drafts, plus one."""
+    def num_draft_tokens(self, seq: Sequence, method: str = "ngram") -> int:
+        """k for this sequence's next step (0 = do not speculate): the k with the best
+        expected speed-up E(k) / (1 + k * c), E(k) = 1 + a + ... + a^k."""
+        cfg = self.config
         st = self.states.setdefault(seq.request_id, SpecState())
-        a = min(st.acceptance, 0.95)
-        k = round(a / (1.0 - a)) + 1
         remaining = seq.params.max_tokens - seq.num_output_tokens - 1  # the bonus token is free
-        return max(0, min(k, self.config.max_draft_tokens, remaining))
+        kmax = min(cfg.max_draft_tokens, remaining)
+        if kmax <= 0:
+            return 0
+        a = min(st.acceptance, 0.95)
+        c = (self.draft_cost if method == "draft" else 0.0) + cfg.verify_cost
+        best_k, best_gain, expected, a_pow = 0, 0.0, 1.0, 1.0
+        for k in range(1, kmax + 1):
+            a_pow *= a
+            expected += a_pow
+            gain = expected / (1.0 + k * c)
+            if gain > best_gain:
+                best_k, best_gain = k, gain
+        if best_gain >= cfg.min_gain:
+            st.idle_steps = 0
+            return best_k
+        st.idle_steps += 1
+        if st.idle_steps >= cfg.probe_every:  # re-measure: the text may have turned repetitive
+            st.idle_steps = 0
+            return 1
+        return 0
+
+    def observe_draft_cost(self, draft_round_s: float, step_s: float) -> None:
+        """One draft-model round took `draft_round_s`; the target step it fed took `step_s`."""
+        if step_s > 0 and draft_round_s >= 0:
+            self.draft_cost = (1 - self.config.ema) * self.draft_cost + self.config.ema * (draft_round_s / step_s)
 
     def observe(self, seq: Sequence, proposed: int, accepted: int) -> None:
         if proposed == 0:
