@@ -55,6 +55,15 @@ def test_policy_weighs_draft_model_cost_against_acceptance():
     for _ in range(20):
         pol.observe_draft_cost(0.05, 1.0)  # a cheap draft: worth it again
     assert pol.num_draft_tokens(seq, "draft") >= 1
+    # A new request starts from the method's recent acceptance, not the optimistic prior.
+    for _ in range(20):
+        pol.observe_draft_cost(0.4, 1.0)
+    fresh = Sequence("g", [1, 2], SamplingParams(max_tokens=50, speculative="draft"), Tier.FAST)
+    for _ in range(20):
+        pol.observe(fresh, 2, 0)  # the draft keeps failing
+    newer = Sequence("h", [1, 2], SamplingParams(max_tokens=50, speculative="draft"), Tier.FAST)
+    assert pol.num_draft_tokens(newer, "draft") == 0
+    assert pol.states["h"].acceptance < 0.05
     # min_gain 0 speculates whatever the cost (used to test the machinery itself).
     always = SpecPolicy(SpecConfig(method="draft", min_gain=0.0))
     always.draft_cost = 5.0

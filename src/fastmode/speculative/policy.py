@@ -79,6 +79,10 @@ class SpecPolicy:
         # One draft-model round over one target step, measured by the engine (EMA);
         # the prior is about what a 10-of-30-layer Spark costs its teacher.
         self.draft_cost = 0.4
+        # Recent acceptance per method across sequences: a new sequence starts from it
+        # (0.7, optimistic, until the method has been observed), so a draft that has been
+        # failing is not tried at length on every new request.
+        self.method_acceptance: dict[str, float] = {}
 
     def method_for(self, seq: Sequence) -> str:
         requested = seq.params.speculative
@@ -93,7 +97,9 @@ class SpecPolicy:
         """k for this sequence's next step (0 = do not speculate): the k with the best
         expected speed-up E(k) / (1 + k * c), E(k) = 1 + a + ... + a^k."""
         cfg = self.config
-        st = self.states.setdefault(seq.request_id, SpecState())
+        st = self.states.get(seq.request_id)
+        if st is None:
+            st = self.states[seq.request_id] = SpecState(acceptance=self.method_acceptance.get(method, 0.7))
         remaining = seq.params.max_tokens - seq.num_output_tokens - 1  # the bonus token is free
         kmax = min(cfg.max_draft_tokens, remaining)
         if kmax <= 0:
@@ -127,7 +133,10 @@ class SpecPolicy:
         st = self.states.setdefault(seq.request_id, SpecState())
         st.proposed += proposed
         st.accepted += accepted
-        st.acceptance = (1 - self.config.ema) * st.acceptance + self.config.ema * (accepted / proposed)
+        w, rate = self.config.ema, accepted / proposed
+        st.acceptance = (1 - w) * st.acceptance + w * rate
+        method = self.method_for(seq)
+        self.method_acceptance[method] = (1 - w) * self.method_acceptance.get(method, 0.7) + w * rate
         self.stats.record(seq.tier.value, proposed, accepted)
 
     def forget(self, request_id: str) -> None:
