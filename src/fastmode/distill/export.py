@@ -16,6 +16,7 @@ always fp32: they are tiny and sensitive.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -35,13 +36,21 @@ _SCALE = ".int8_scale"  # suffix of the per-row scale stored beside an int8 weig
 def teacher_identity(path: Path) -> dict[str, str]:
     """{"name", "sha256"} of the teacher checkpoint: the GGUF file, or a HF directory's config + weights."""
     path = Path(path)
-    h = hashlib.sha256()
     files = [path] if path.is_file() else [path / "config.json", *sorted(path.glob("*.safetensors"))]
-    for f in files:
-        with f.open("rb") as fh:
+    stamp = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return {"name": path.name, "sha256": _sha256_of(stamp)}
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256_of(stamp: tuple[tuple[str, int, int], ...]) -> str:
+    """sha256 over the files in `stamp`, read once per (path, size, mtime): a server that
+    loads Spark both as a draft and as a served model hashes the ~100 MB teacher once."""
+    h = hashlib.sha256()
+    for name, _, _ in stamp:
+        with open(name, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
-    return {"name": path.name, "sha256": h.hexdigest()}
+    return h.hexdigest()
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
