@@ -190,8 +190,8 @@ def test_cache_eviction_makes_room():
 @pytest.mark.parametrize("stage", ["waiting", "mid_prefill", "decoding", "paused", "preempted"])
 def test_abort_at_every_stage_frees_everything(stage):
     s = Scheduler(SchedulerConfig(num_blocks=32, block_size=4, max_num_batched_tokens=8, max_num_seqs=4, fast_lane_max_batch=1))
-    victim = make("v", n_prompt=20, t=0.0)
-    s.add(victim)
+    victim = make("v", prompt=list(range(100, 120)), t=0.0)  # explicit prompts: hash()-derived ones could
+    s.add(victim)                                               # share a prefix with "f" and avoid the preemption
     if stage == "mid_prefill":
         step(s)
         assert 0 < victim.num_computed_tokens < 20
@@ -204,7 +204,7 @@ def test_abort_at_every_stage_frees_everything(stage):
             assert victim in out.paused
         if stage == "preempted":
             s2 = s  # fill memory with a fast request that needs victim's blocks
-            s2.add(make("f", n_prompt=100, tier=Tier.FAST, t=1.0))
+            s2.add(make("f", prompt=list(range(200, 300)), tier=Tier.FAST, t=1.0))
             for _ in range(20):
                 out = step(s2, 1.0)
                 if victim.status is Status.WAITING:
