@@ -135,8 +135,8 @@ def check_lengths(got: list[int], want: int, engine: str) -> None:
 def worker_fastmode(args: argparse.Namespace, info: dict) -> dict:
     from fastmode import LLM, SamplingParams
 
-    llm = LLM(model=info["path"], num_threads=args.threads)
-    dtype = str(llm.engine.loaded.dtype).removeprefix("torch.")
+    llm = LLM(model=info["path"], num_threads=args.threads, weights=args.fastmode_weights)
+    loaded = llm.engine.loaded
 
     def run(prompts: list[list[int]], n: int) -> float:
         sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -149,9 +149,14 @@ def worker_fastmode(args: argparse.Namespace, info: dict) -> dict:
     rows = [diff_method(run, b, args, info["vocab_size"]) for b in args.batch_list]
     import fastmode
 
-    return {"engine": "fastmode", "version": fastmode.__version__,
-            "precision": f"{_short_dtype(dtype)} (dequantized from {info['quant']})",
-            "config": "default EngineConfig, standard tier, num_threads=--threads", "rows": rows}
+    if loaded.weight_format in ("fp32", "bf16"):
+        precision = f"{loaded.weight_format} (dequantized from {info['quant']})"
+    else:
+        acts = "8-bit" if "int8-activations" in loaded.weight_format else "~16-bit (2x int8)"
+        precision = f"{loaded.weight_format.replace('+int8-activations', '')} GGUF (as stored), {acts} activations"
+    config = "default EngineConfig" if args.fastmode_weights == "native" else f"weights={args.fastmode_weights}"
+    return {"engine": "fastmode", "version": fastmode.__version__, "precision": precision,
+            "config": f"{config}, standard tier, num_threads=--threads", "rows": rows}
 
 
 def worker_llama_cpp_python(args: argparse.Namespace, info: dict) -> dict:
@@ -380,6 +385,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", default="1,16", help="concurrent sequences, comma-separated (default 1,16)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per point; the median is reported")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fastmode-weights", default="native", choices=["native", "native-int8", "dequantize"],
+                   help="fastmode's EngineConfig.weights (default: native, what LLM() uses)")
     p.add_argument("--skip", default="", help=f"comma-separated peers not to run: {','.join(ENGINES)}")
     p.add_argument("--llama-cpp-dir", default=DEFAULT_LLAMA_CPP_DIR,
                    help="the build script's output dir, or the dir holding llama-batched-bench "

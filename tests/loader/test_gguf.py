@@ -29,7 +29,7 @@ def test_quantized_gguf_dequantizes_to_the_stored_values(tiny_llama_dir, tmp_pat
     from safetensors.numpy import load_file
 
     path = write_gguf_from_hf(tiny_llama_dir, tmp_path / f"tiny-{qtype}.gguf", qtype)
-    loaded = load_model(path, dtype="float32")
+    loaded = load_model(path, dtype="float32", weights="dequantize")
     src = load_file(str(tiny_llama_dir / "model.safetensors"))
     q = GGMLQuantizationType[qtype]
     # The loader's fused gate/up must equal the round-tripped source weights.
@@ -38,6 +38,17 @@ def test_quantized_gguf_dequantizes_to_the_stored_values(tiny_llama_dir, tmp_pat
     )
     got = loaded.model.layers[1].mlp.gate_up_proj.weight.numpy()
     np.testing.assert_array_equal(got, expect)
+    # Read natively, the block formats the kernels run stay as stored and hold exactly those values.
+    native = load_model(path, dtype="float32").model.layers[1].mlp.gate_up_proj
+    if qtype in ("Q8_0", "Q4_0", "Q4_1"):
+        from fastmode.kernels import ops
+        from fastmode.models.quant_linear import QuantLinear
+
+        assert isinstance(native, QuantLinear)
+        blocks = ops().quant_dequantize(native.qweight, native.qtype, native.in_features, torch.empty(0, dtype=torch.long))
+        np.testing.assert_array_equal(blocks.numpy(), expect)
+    else:  # formats without a kernel are dequantized at load
+        np.testing.assert_array_equal(native.weight.numpy(), expect)
     # And quantization error stays small relative to the weights: the model still works.
     assert np.abs(expect - np.concatenate([src["model.layers.1.mlp.gate_proj.weight"], src["model.layers.1.mlp.up_proj.weight"]])).max() < 0.1
 

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from fastmode.loader import load_model
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    teacher = load_model(args.model, dtype="float32")
+    teacher = load_model(args.model, dtype="float32", weights="dequantize")  # the student trains on fp32 copies
     cfg = TrainConfig(num_layers=args.num_layers, seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr,
                       warmup_steps=args.warmup_steps, decay_steps=args.decay_steps, temperature=args.temperature,
                       ce_weight=args.ce_weight, seed=args.seed)

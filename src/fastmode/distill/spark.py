@@ -21,8 +21,9 @@ from fastmode.distill.export import decode, is_spark, read_spark, teacher_identi
 from fastmode.distill.student import SPARK_SUFFIX, assemble
 from fastmode.env import cache_dir
 from fastmode.loader import LoadedModel
+from fastmode.loader.load import weight_format
 from fastmode.loader.default_model import DEFAULT_MODEL_NAME
-from fastmode.models.llama import DecoderLayer, LlamaModel, RMSNorm
+from fastmode.models.llama import DecoderLayer, LlamaModel, RMSNorm, use_kernels
 
 
 def spark_name(teacher_name: str = DEFAULT_MODEL_NAME) -> str:
@@ -74,6 +75,9 @@ def load_spark(path: str | Path, teacher: LoadedModel, check_teacher: bool = Tru
     layers.load_state_dict({k.removeprefix("layers."): v for k, v in state.items() if k.startswith("layers.")})
     norm.load_state_dict({"weight": state["norm.weight"]})
     model = assemble(teacher.model, layers.to(teacher.dtype), norm.to(teacher.dtype), spark_name(teacher.name))
+    kernels = getattr(teacher.model.norm, "kernels", None)
+    if kernels is not None:  # a teacher on fastmode's kernels: the student's layers use them too
+        use_kernels(model, kernels)
     return model.eval().requires_grad_(False)
 
 
@@ -81,4 +85,4 @@ def spark_as_loaded(path: str | Path, teacher: LoadedModel, check_teacher: bool 
     """Spark wrapped as a `LoadedModel` (teacher's tokenizer) so an engine can serve it by name."""
     model = load_spark(path, teacher, check_teacher)
     return LoadedModel(model=model, tokenizer=teacher.tokenizer, config=model.cfg, name=model.cfg.name,
-                       path=Path(path), dtype=teacher.dtype)
+                       path=Path(path), dtype=teacher.dtype, weight_format=weight_format(model))

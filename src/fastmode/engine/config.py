@@ -12,6 +12,7 @@ from fastmode.speculative.policy import SpecConfig
 class EngineConfig:
     model: str | None = None  # None = the embedded default model
     dtype: str = "auto"  # bf16 where the hardware has native bf16, else fp32 (see loader.load.resolve_dtype)
+    weights: str = "native"  # native: a GGUF file's Q4_0/Q4_1/Q8_0 blocks run as stored (~16-bit activations); native-int8: 8-bit activations; dequantize: expand to dtype
     kv_cache_gib: float = 1.0  # KV cache size; sets the number of blocks
     block_size: int = 16
     max_num_seqs: int = 64
@@ -33,6 +34,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float32", "bf16", "fp32"):
             raise ValueError(f"dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
+        if self.weights not in ("native", "native-int8", "dequantize"):
+            raise ValueError(f"weights must be native, native-int8 or dequantize, got {self.weights!r}")
         if self.kv_cache_gib <= 0:
             raise ValueError("kv_cache_gib must be > 0")
         if self.usd_per_machine_hour < 0:

@@ -57,7 +57,7 @@ class LLMEngine:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.loaded = loaded or load_model(config.model, config.dtype)
+        self.loaded = loaded or load_model(config.model, config.dtype, weights=config.weights)
         self.tokenizer = self.loaded.tokenizer
         mcfg = self.loaded.config
         dtype_bytes = torch.finfo(self.loaded.dtype).bits // 8

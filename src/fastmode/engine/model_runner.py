@@ -85,6 +85,7 @@ class ModelRunner:
             valid = torch.arange(t).unsqueeze(0) < torch.tensor(ctx_lens).unsqueeze(1)  # (B, T)
             mask = torch.zeros(len(decodes), 1, 1, t).masked_fill(~valid[:, None, None, :], float("-inf"))
             batch.decode_block_tables, batch.decode_mask = tables, mask
+            batch.decode_context_lens = torch.tensor(ctx_lens, dtype=torch.long)
         batch.slot_mapping = torch.tensor(slots, dtype=torch.long)
 
         logits = self.model(

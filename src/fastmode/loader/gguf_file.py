@@ -1,4 +1,5 @@
-"""Read a GGUF file: metadata -> ModelConfig, tensors dequantized, tokenizer.
+"""Read a GGUF file: metadata -> ModelConfig, tensors (dequantized, or kept in
+their quantized blocks for the native kernels), tokenizer.
 
 Dequantization is the `gguf` package's (the reference Python implementation
 maintained with llama.cpp). llama.cpp's converter permutes the q/k rows of
@@ -17,6 +18,7 @@ import torch
 from fastmode.config import ModelConfig, RopeScaling
 from fastmode.loader.errors import ModelLoadError
 from fastmode.loader.gguf_cache import load_cached, store
+from fastmode.models.quant_linear import GGML_TYPES, QuantTensor
 
 # Quant types whose dequantization we test and support.
 SUPPORTED_QUANTS = frozenset(
@@ -104,13 +106,17 @@ def _hf_name(name: str) -> str | None:
     return None  # e.g. rope_freqs: not a parameter of ours
 
 
-def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Any]]:
-    """Return (config, HF-named fp32 tensors, metadata)."""
+def read_gguf(path: Path, native: bool = False) -> tuple[ModelConfig, dict[str, Any], dict[str, Any]]:
+    """Return (config, HF-named tensors, metadata).
+
+    Tensors are fp32, except with `native`: 2-D weights stored as Q4_0, Q4_1
+    or Q8_0 then come back as `QuantTensor`s holding the file's own blocks.
+    """
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
     source = str(path)
-    cached = load_cached(path)
+    cached = load_cached(path, native)
     if cached is not None:
         tensors, meta = cached
         return config_from_metadata(meta, set(meta["_tensor_names"]), source), tensors, meta
@@ -134,13 +140,22 @@ def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[st
                 f"{source}: tensor {t.name} uses quantization {qtype}, which fastmode does not read; "
                 f"supported: {', '.join(sorted(SUPPORTED_QUANTS))}"
             )
+        shape = tuple(reversed([int(d) for d in t.shape]))
+        if native and qtype in GGML_TYPES and len(shape) == 2:
+            blocks = np.asarray(t.data).reshape(shape[0], -1)  # one row of blocks per output feature
+            if permute and t.name.endswith("attn_q.weight"):
+                blocks = _unpermute(blocks, cfg.num_heads)
+            elif permute and t.name.endswith("attn_k.weight"):
+                blocks = _unpermute(blocks, cfg.num_kv_heads)
+            tensors[hf] = QuantTensor(torch.from_numpy(np.array(blocks, copy=True, order="C")), GGML_TYPES[qtype], shape)
+            continue
         w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        w = w.reshape(tuple(reversed([int(d) for d in t.shape])))
+        w = w.reshape(shape)
         if permute and t.name.endswith(("attn_q.weight", "attn_q.bias")):
             w = _unpermute(w, cfg.num_heads)
         elif permute and t.name.endswith(("attn_k.weight", "attn_k.bias")):
             w = _unpermute(w, cfg.num_kv_heads)
         tensors[hf] = torch.from_numpy(np.array(w, copy=True, order="C"))
     meta["_tensor_names"] = sorted(names)
-    store(path, tensors, meta)
+    store(path, tensors, meta, native)
     return cfg, tensors, meta

@@ -15,6 +15,7 @@ from fastmode.loader.weights import build_model
 from fastmode.models.llama import LlamaModel
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "bf16": torch.bfloat16, "fp32": torch.float32}
+WEIGHT_MODES = ("native", "native-int8", "dequantize")
 
 
 def resolve_dtype(dtype: str) -> str:
@@ -43,6 +44,7 @@ class LoadedModel:
     name: str
     path: Path
     dtype: torch.dtype
+    weight_format: str = "fp32"  # what the linear layers run on: "fp32", "bf16", or the GGUF block formats, e.g. "Q4_1+Q8_0"
 
 
 def resolve_model_path(model: str | Path | None) -> tuple[Path, str]:
@@ -73,16 +75,55 @@ def _spark_source(model: str | Path | None) -> Path | None:
     return Path(model) if is_spark(model) else None
 
 
-def load_model(model: str | Path | None = None, dtype: str = "auto", max_positions: int | None = None) -> LoadedModel:
+def _native_kernels(weights: str, torch_dtype: torch.dtype) -> bool:
+    """Whether to keep a GGUF file's quantized blocks: asked for, computing in fp32 on CPU, kernels built."""
+    if weights not in WEIGHT_MODES:
+        raise ValueError(f"weights must be one of {list(WEIGHT_MODES)}, got {weights!r}")
+    if weights == "dequantize" or torch_dtype != torch.float32:
+        return False
+    from fastmode.kernels import ops
+
+    return ops() is not None  # without a compiler: dequantized fp32, with a warning from fastmode.kernels
+
+
+def weight_format(model: torch.nn.Module) -> str:
+    """"fp32", "bf16", or the block formats the linear layers run on (e.g. "Q4_1+Q8_0")."""
+    from fastmode.models.quant_linear import GGML_TYPES, QuantLinear
+
+    names = {v: k for k, v in GGML_TYPES.items()}
+    found = set()
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            found.add(names[m.qtype])
+            if m.levels == 1:
+                found.add("int8-activations")
+        elif isinstance(m, torch.nn.Linear):
+            found.add({torch.bfloat16: "bf16", torch.float16: "fp16"}.get(m.weight.dtype, "fp32"))
+    return "+".join(sorted(found)) or "fp32"
+
+
+def load_model(
+    model: str | Path | None = None,
+    dtype: str = "auto",
+    max_positions: int | None = None,
+    weights: str = "native",
+) -> LoadedModel:
     """Load `model`: None (the embedded default), a GGUF file, a Hugging Face
     directory, or a Spark ("spark", "SmolLM2-135M-Instruct-spark", or a Spark
-    export path), which is rebuilt on the default model it was distilled from."""
+    export path), which is rebuilt on the default model it was distilled from.
+
+    `weights="native"` runs a GGUF file's Q4_0/Q4_1/Q8_0 weights as stored,
+    with fastmode's kernels (CPU; activations quantized per 32-value block to
+    two int8 levels, about 16 bits); other tensors and formats are
+    dequantized. `"native-int8"` uses one int8 level, llama.cpp's arithmetic:
+    faster at larger batches, less faithful. `"dequantize"` expands every
+    weight to `dtype` (the reference path; what training uses)."""
     spark = _spark_source(model)
     if spark is not None:
         from fastmode.distill.spark import spark_as_loaded
 
         try:
-            return spark_as_loaded(spark, load_model(None, dtype, max_positions))
+            return spark_as_loaded(spark, load_model(None, dtype, max_positions, weights))
         except ValueError as e:
             raise ModelLoadError(str(e)) from e
     dtype = resolve_dtype(dtype)
@@ -93,7 +134,7 @@ def load_model(model: str | Path | None = None, dtype: str = "auto", max_positio
     if path.is_file():
         from fastmode.loader.gguf_file import read_gguf
 
-        cfg, tensors, meta = read_gguf(path)
+        cfg, tensors, meta = read_gguf(path, native=_native_kernels(weights, torch_dtype))
         tokenizer = tokenizer_from_gguf(meta)
     else:
         from fastmode.loader.hf_dir import read_hf_dir
@@ -101,4 +142,16 @@ def load_model(model: str | Path | None = None, dtype: str = "auto", max_positio
         cfg, tensors, eos = read_hf_dir(path)
         tokenizer = tokenizer_from_hf_dir(path, eos)
     net = build_model(cfg, tensors, torch_dtype, str(path), max_positions=max_positions)
-    return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, name=name, path=path, dtype=torch_dtype)
+    from fastmode.models.quant_linear import QuantLinear
+
+    if any(isinstance(m, QuantLinear) for m in net.modules()):  # native weights: fused ops for the rest too
+        from fastmode.kernels import ops
+        from fastmode.models.llama import use_kernels
+
+        use_kernels(net, ops())
+    if weights == "native-int8":
+        from fastmode.models.quant_linear import set_activation_levels
+
+        set_activation_levels(net, 1)
+    return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, name=name, path=path, dtype=torch_dtype,
+                       weight_format=weight_format(net))

@@ -2,7 +2,9 @@
 
 Both loaders produce tensors under Hugging Face names (the GGUF loader renames
 and un-permutes); this module fuses q/k/v and gate/up and checks that every
-parameter the model needs is present, naming what is missing.
+parameter the model needs is present, naming what is missing. Weights that
+arrive as `QuantTensor`s (a GGUF file read natively) become `QuantLinear` /
+`QuantEmbedding` layers running on the file's own blocks.
 """
 
 from __future__ import annotations
@@ -12,9 +14,25 @@ import torch
 from fastmode.config import ModelConfig
 from fastmode.loader.errors import ModelLoadError
 from fastmode.models.llama import LlamaModel
+from fastmode.models.quant_linear import QuantEmbedding, QuantLinear, QuantTensor
+
+Weight = torch.Tensor | QuantTensor
 
 
-def _take(tensors: dict[str, torch.Tensor], name: str, source: str) -> torch.Tensor:
+def _shape(t: Weight) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _fuse(parts: list[Weight]) -> Weight:
+    """Concatenate along the output dimension, in blocks when every part shares one block format."""
+    if all(isinstance(p, QuantTensor) for p in parts):
+        fused = QuantTensor.cat_rows(parts)  # type: ignore[arg-type]
+        if fused is not None:
+            return fused
+    return torch.cat([p.dequantize() if isinstance(p, QuantTensor) else p for p in parts], dim=0)
+
+
+def _take(tensors: dict[str, Weight], name: str, source: str) -> Weight:
     try:
         return tensors.pop(name)
     except KeyError:
@@ -23,7 +41,7 @@ def _take(tensors: dict[str, torch.Tensor], name: str, source: str) -> torch.Ten
 
 def build_model(
     cfg: ModelConfig,
-    tensors: dict[str, torch.Tensor],
+    tensors: dict[str, Weight],
     dtype: torch.dtype,
     source: str,
     max_positions: int | None = None,
@@ -31,7 +49,7 @@ def build_model(
     """Consume `tensors` (HF names) into a model in `dtype`. Unused tensors are an error-free no-op."""
     with torch.device("meta"):
         model = LlamaModel(cfg, max_positions=max_positions)
-    state: dict[str, torch.Tensor] = {}
+    state: dict[str, Weight] = {}
     p = "model."
     state["embed_tokens.weight"] = _take(tensors, p + "embed_tokens.weight", source)
     state["norm.weight"] = _take(tensors, p + "norm.weight", source)
@@ -41,26 +59,38 @@ def build_model(
         lp = f"{p}layers.{i}."
         a = lp + "self_attn."
         qkv = [_take(tensors, f"{a}{x}_proj.weight", source) for x in "qkv"]
-        state[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat(qkv, dim=0)
+        state[f"layers.{i}.self_attn.qkv_proj.weight"] = _fuse(qkv)
         if cfg.attention_bias:
             bias = [_take(tensors, f"{a}{x}_proj.bias", source) for x in "qkv"]
-            state[f"layers.{i}.self_attn.qkv_proj.bias"] = torch.cat(bias, dim=0)
+            state[f"layers.{i}.self_attn.qkv_proj.bias"] = _fuse(bias)
         state[f"layers.{i}.self_attn.o_proj.weight"] = _take(tensors, a + "o_proj.weight", source)
         m = lp + "mlp."
         gate_up = [_take(tensors, f"{m}{x}_proj.weight", source) for x in ("gate", "up")]
-        state[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(gate_up, dim=0)
+        state[f"layers.{i}.mlp.gate_up_proj.weight"] = _fuse(gate_up)
         state[f"layers.{i}.mlp.down_proj.weight"] = _take(tensors, m + "down_proj.weight", source)
         for norm in ("input_layernorm", "post_attention_layernorm"):
             state[f"layers.{i}.{norm}.weight"] = _take(tensors, f"{lp}{norm}.weight", source)
 
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     for name, t in state.items():
-        if tuple(t.shape) != expected[name]:
-            raise ModelLoadError(f"{source}: {name} has shape {tuple(t.shape)}, config implies {expected[name]}")
-    state = {k: v.to(dtype) for k, v in state.items()}
-    model.load_state_dict(state, strict=False, assign=True)
+        if _shape(t) != expected[name]:
+            raise ModelLoadError(f"{source}: {name} has shape {_shape(t)}, config implies {expected[name]}")
+    quant = {k: v for k, v in state.items() if isinstance(v, QuantTensor)}
+    plain = {k: v.to(dtype) for k, v in state.items() if not isinstance(v, QuantTensor)}
+    model.load_state_dict(plain, strict=False, assign=True)
+    for name, qt in quant.items():
+        path = name.removesuffix(".weight")
+        parent_path, _, attr = path.rpartition(".")
+        parent = model.get_submodule(parent_path) if parent_path else model
+        if path == "embed_tokens":
+            setattr(parent, attr, QuantEmbedding(qt))
+        else:
+            setattr(parent, attr, QuantLinear(qt, bias=getattr(parent, attr).bias))
     if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
+        if isinstance(model.embed_tokens, QuantEmbedding):
+            model.lm_head = model.embed_tokens.as_linear()
+        else:
+            model.lm_head.weight = model.embed_tokens.weight
     # Buffers (the RoPE table) were created on meta; rebuild them for real, in fp32.
     model.rotary = type(model.rotary)(cfg, max_positions or cfg.max_position_embeddings)
     return model.eval().requires_grad_(False)

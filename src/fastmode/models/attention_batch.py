@@ -35,3 +35,4 @@ class AttentionBatch:
     num_prefill_tokens: int
     decode_block_tables: torch.Tensor | None = None  # (Bd, max_blocks) long
     decode_mask: torch.Tensor | None = None  # (Bd, 1, 1, T) float additive: 0 or -inf
+    decode_context_lens: torch.Tensor | None = None  # (Bd,) long: tokens each decoding sequence attends to

@@ -23,8 +23,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.kernels = None  # fastmode.kernels when fused CPU ops are on (see use_kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and x.dtype == torch.float32:
+            return self.kernels.rms_norm(x, self.weight, self.eps)
         # Normalise in fp32 as the reference implementations do, then cast back.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -81,6 +84,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
         self.scale = cfg.head_dim**-0.5
+        self.kernels = None
 
     def forward(
         self,
@@ -124,6 +128,12 @@ class Attention(nn.Module):
     def _decode(self, q, batch, k_cache, v_cache) -> torch.Tensor:
         # One query per sequence. Plain matmul attention: on CPU it beats SDPA for this shape.
         b = q.shape[0]
+        if self.kernels is not None and k_cache.dtype == torch.float32 and batch.decode_context_lens is not None:
+            o = self.kernels.paged_decode_attention(
+                q.reshape(b, self.num_heads, self.head_dim), k_cache, v_cache,
+                batch.decode_block_tables, batch.decode_context_lens, self.scale,
+            )
+            return o.reshape(b, self.q_size)
         g = self.num_heads // self.num_kv_heads
         k = k_cache[batch.decode_block_tables].flatten(1, 2)  # (B, T, kvh, hd)
         v = v_cache[batch.decode_block_tables].flatten(1, 2)
@@ -140,8 +150,11 @@ class MLP(nn.Module):
         self.inter = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.kernels = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and x.dtype == torch.float32:
+            return self.down_proj(self.kernels.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -187,3 +200,13 @@ class LlamaModel(nn.Module):
             x = layer(x, rope, batch, k_cache, v_cache)
         x = self.norm(x[logit_indices])
         return self.lm_head(x).float()  # (S, vocab)
+
+
+def use_kernels(model: nn.Module, kernels) -> None:
+    """Route RMSNorm, SwiGLU and decode attention through fastmode's fused CPU
+    ops (`kernels` = fastmode.kernels.ops()), or back to PyTorch with None.
+    The loader turns them on with native quantized weights; the dequantized
+    reference path keeps plain PyTorch."""
+    for m in model.modules():
+        if isinstance(m, (RMSNorm, Attention, MLP)):
+            m.kernels = kernels

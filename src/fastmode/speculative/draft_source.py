@@ -63,7 +63,8 @@ def load_draft(spec: str, target: LoadedModel) -> LlamaModel:
         return load_spark(path, target)
     if is_spark(spec):
         return load_spark(spec, target)
-    draft = load_model(spec, dtype=str(target.dtype).removeprefix("torch."))
+    weights = "dequantize" if target.weight_format in ("fp32", "bf16") else "native"
+    draft = load_model(spec, dtype=str(target.dtype).removeprefix("torch."), weights=weights)
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(
             f"draft model {spec} has vocabulary {draft.config.vocab_size}, the target {target.config.vocab_size}: "

@@ -1,0 +1,19 @@
+// Python bindings for fastmode's CPU kernels (built on first use by fastmode.kernels).
+#include <torch/extension.h>
+
+torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t levels);
+torch::Tensor quant_dequantize(torch::Tensor w, int64_t qtype, int64_t k, torch::Tensor rows);
+bool has_avx2();
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     torch::Tensor block_tables, torch::Tensor context_lens, double scale);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
+torch::Tensor silu_mul(torch::Tensor x);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("quant_matmul", &quant_matmul, "x (M,K) fp32 @ W^T, W in ggml blocks (N, row_bytes) uint8 -> (M,N) fp32; levels: 1 = 8-bit, 2 = ~16-bit activations");
+  m.def("quant_dequantize", &quant_dequantize, "rows of a ggml-block weight -> fp32 (all rows if `rows` is empty)");
+  m.def("paged_decode_attention", &paged_decode_attention, "one query per sequence over a paged KV cache, fp32");
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, fp32");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up for x = [gate | up], fp32");
+  m.def("has_avx2", &has_avx2, "whether the AVX2/FMA/F16C paths were compiled in");
+}

@@ -1,0 +1,359 @@
+// Matmul and row lookup straight from GGUF's quantized blocks (Q4_0, Q4_1, Q8_0).
+//
+// Why by hand: PyTorch has no CPU kernel that reads ggml block formats, and its
+// own weight-only int8/int4 CPU kernels (_weight_int8pack_mm,
+// _weight_int4pack_mm_for_cpu) ran slower than fp32 linear on AVX2 machines in
+// this project's measurements. Decode at small batch is a weight-streaming
+// problem, so reading 4.5 bits per weight instead of 32 is the whole game.
+//
+// Numerics: every block is dequantized to the exact fp32 values the checkpoint
+// encodes (d*q + m) and multiplied with fp32 activations, accumulating in fp32.
+// Only the summation order differs from dequantize-then-fp32-matmul.
+//
+// Layout: a weight is a uint8 tensor (N, row_bytes), one output row per row,
+// the row being K/32 consecutive ggml blocks, exactly as stored in the file.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define FM_AVX2 1
+#else
+#define FM_AVX2 0
+#endif
+
+namespace {
+
+constexpr int kBlock = 32;
+constexpr int64_t kMaxBlocks = 1024;  // rows of up to 32768 features
+// ggml type ids
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8;
+
+int64_t block_bytes(int64_t qtype) {
+  switch (qtype) {
+    case kQ4_0: return 2 + 16;
+    case kQ4_1: return 4 + 16;
+    case kQ8_0: return 2 + 32;
+  }
+  TORCH_CHECK(false, "fastmode kernels: unsupported ggml type ", qtype, " (supported: Q4_0=2, Q4_1=3, Q8_0=8)");
+}
+
+inline float half_to_float(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+// Scalar dequantization of one block into out[0..31]; the reference the SIMD path must match.
+inline void dequant_block_scalar(int64_t qtype, const uint8_t* b, float* out) {
+  const float d = half_to_float(b);
+  if (qtype == kQ8_0) {
+    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+    for (int j = 0; j < 32; ++j) out[j] = d * qs[j];
+    return;
+  }
+  const float m = qtype == kQ4_1 ? half_to_float(b + 2) : -8.0f * d;
+  const uint8_t* qs = b + (qtype == kQ4_1 ? 4 : 2);
+  for (int j = 0; j < 16; ++j) {
+    out[j] = d * (qs[j] & 0x0F) + m;
+    out[j + 16] = d * (qs[j] >> 4) + m;
+  }
+}
+
+#if FM_AVX2
+// One block -> four vectors holding weights 0-7, 8-15, 16-23, 24-31.
+inline void dequant_block_avx2(int64_t qtype, const uint8_t* b, __m256& w0, __m256& w1, __m256& w2, __m256& w3) {
+  const __m256 d = _mm256_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(b)));
+  if (qtype == kQ8_0) {
+    const uint8_t* qs = b + 2;
+    w0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)))));
+    w1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)))));
+    w2 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 16)))));
+    w3 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 24)))));
+    return;
+  }
+  __m256 m;
+  const uint8_t* qs;
+  if (qtype == kQ4_1) {
+    m = _mm256_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(b + 2)));
+    qs = b + 4;
+  } else {
+    m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+    qs = b + 2;
+  }
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i lo = _mm_and_si128(v, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+  w0 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), m);
+  w1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), m);
+  w2 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), m);
+  w3 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), m);
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// Activations are quantized per 32-element block to int8 with one fp32 scale
+// (symmetric, amax/127, round to nearest even), as llama.cpp does for its CPU
+// quantized matmuls. The block dot product is then exact integer arithmetic:
+//   sum_j (d q_j + m) x_j  ~=  d * dx * sum_j q_j xq_j  +  m * dx * sum_j xq_j,
+// i.e. the checkpoint's exact weights times the quantized activations (the
+// offset term uses the quantized sum too, so the error is sum_j w_j e_j with
+// centred weights, not sum_j (w_j - m) e_j).
+//
+// With `levels` = 2 the rounding residual of each block is quantized again
+// (x ~= dx1 q1 + dx2 q2): about 16-bit activations for a second integer dot
+// product per block. Decode at small batch is bound by streaming the weights,
+// so the second level costs little there; it keeps the fp32 model's answers
+// where 8-bit activations (levels = 1) drift on small models.
+//
+// Each row of x is quantized and reduced on its own, with the same operations
+// whatever else is in the batch: a row's result does not depend on the batch
+// it was computed in (speculative verification stays exact).
+struct QuantRows {
+  int levels;
+  std::vector<int8_t> q;    // (levels, M, K)
+  std::vector<float> d;     // (levels, M, K/32) activation block scales
+  std::vector<float> sum;   // (M, K/32) block sums of the quantized values, sum_l d_l * sum(q_l)
+  int64_t plane_q, plane_d; // strides between levels
+};
+
+QuantRows quantize_rows(const float* x, int64_t M, int64_t K, int levels) {
+  const int64_t nb = K / kBlock;
+  QuantRows r{levels, std::vector<int8_t>(levels * M * K), std::vector<float>(levels * M * nb),
+              std::vector<float>(M * nb), M * K, M * nb};
+  at::parallel_for(0, M * nb, 256, [&](int64_t i0, int64_t i1) {
+    float rest[kBlock];
+    for (int64_t i = i0; i < i1; ++i) {
+      std::memcpy(rest, x + i * kBlock, sizeof(rest));  // rows are contiguous: block i of the flattened x
+      float total = 0.0f;
+      for (int l = 0; l < levels; ++l) {
+        float amax = 0.0f;
+        for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(rest[j]));
+        const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int8_t* q = r.q.data() + l * r.plane_q + i * kBlock;
+        int32_t qsum = 0;
+        for (int j = 0; j < kBlock; ++j) {
+          q[j] = static_cast<int8_t>(std::nearbyint(rest[j] * id));
+          qsum += q[j];
+          rest[j] -= d * q[j];
+        }
+        r.d[l * r.plane_d + i] = d;
+        total += d * static_cast<float>(qsum);
+      }
+      r.sum[i] = total;
+    }
+  });
+  return r;
+}
+
+template <int QT>
+constexpr int64_t kBlockBytes = QT == kQ4_0 ? 18 : QT == kQ4_1 ? 20 : 34;
+
+#if FM_AVX2
+// One weight block against MR rows of quantized activations (L levels),
+// accumulated into acc[r]; returns the block's additive term m (0 for Q8_0),
+// which dot_rows applies to the rows' block sums at the end.
+template <int QT, int MR, int L>
+inline float dot_block(const uint8_t* blk, const int8_t* xq, const float* xd, int64_t ldq, int64_t lds,
+                       int64_t plane_q, int64_t plane_d, __m256* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const float d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
+  float m = 0.0f;
+  __m256i w;  // Q4: 32 unsigned nibbles; Q8_0: signed bytes, sign moved onto x below
+  if constexpr (QT == kQ8_0) {
+    w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  } else {
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (QT == kQ4_1 ? 4 : 2)));
+    w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+    m = QT == kQ4_1 ? _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2)) : -8.0f * d;
+  }
+  const __m256i wabs = QT == kQ8_0 ? _mm256_sign_epi8(w, w) : w;
+  const __m256 dv = _mm256_set1_ps(d);
+  for (int r = 0; r < MR; ++r) {
+    __m256 t = _mm256_setzero_ps();
+    for (int l = 0; l < L; ++l) {
+      __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + l * plane_q + r * ldq));
+      if constexpr (QT == kQ8_0) xv = _mm256_sign_epi8(xv, w);
+      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xv), ones);
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(xd + l * plane_d + r * lds), t);
+    }
+    acc[r] = _mm256_fmadd_ps(dv, t, acc[r]);
+  }
+  return m;
+}
+
+// out[r * ldo] = row `row0 + r` of x times weight row `wrow`, for MR rows at
+// once (each weight block is unpacked once and shared). Even and odd blocks
+// go to separate accumulators so the FMA chain is not latency bound.
+template <int QT, int MR, int L>
+inline void dot_rows(const uint8_t* wrow, int64_t nb, const QuantRows& x, int64_t row0, int64_t K, float* out,
+                     int64_t ldo) {
+  constexpr int64_t BB = kBlockBytes<QT>;
+  const int8_t* xq = x.q.data() + row0 * K;
+  const float* xd = x.d.data() + row0 * nb;
+  const float* xs = x.sum.data() + row0 * nb;
+  const int64_t pq = x.plane_q, pd = x.plane_d;
+  float mblk[kMaxBlocks];
+  __m256 even[MR], odd[MR];
+  for (int r = 0; r < MR; ++r) even[r] = odd[r] = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    mblk[b] = dot_block<QT, MR, L>(wrow + b * BB, xq + b * kBlock, xd + b, K, nb, pq, pd, even);
+    mblk[b + 1] = dot_block<QT, MR, L>(wrow + (b + 1) * BB, xq + (b + 1) * kBlock, xd + b + 1, K, nb, pq, pd, odd);
+  }
+  if (b < nb) mblk[b] = dot_block<QT, MR, L>(wrow + b * BB, xq + b * kBlock, xd + b, K, nb, pq, pd, even);
+  for (int r = 0; r < MR; ++r) {
+    float mterm = 0.0f;
+    if constexpr (QT != kQ8_0)
+      for (int64_t j = 0; j < nb; ++j) mterm += mblk[j] * xs[r * nb + j];
+    out[r * ldo] = hsum(_mm256_add_ps(even[r], odd[r])) + mterm;
+  }
+}
+
+template <int QT, int L>
+void matmul_avx2(const QuantRows& xq, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes,
+                 float* op) {
+  const int64_t nblocks = K / kBlock;
+  // A task owns a chunk of weight rows (kept in L1/L2) and sweeps 4-row tiles
+  // of x over it, so both the weight chunk and the x tile stay cache resident.
+  constexpr int64_t kChunk = 32;
+  at::parallel_for(0, (N + kChunk - 1) / kChunk, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t n0 = c * kChunk, n1 = std::min(N, n0 + kChunk);
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4)
+        for (int64_t n = n0; n < n1; ++n) dot_rows<QT, 4, L>(wp + n * row_bytes, nblocks, xq, m, K, op + m * N + n, N);
+      for (; m + 2 <= M; m += 2)
+        for (int64_t n = n0; n < n1; ++n) dot_rows<QT, 2, L>(wp + n * row_bytes, nblocks, xq, m, K, op + m * N + n, N);
+      for (; m < M; ++m)
+        for (int64_t n = n0; n < n1; ++n) dot_rows<QT, 1, L>(wp + n * row_bytes, nblocks, xq, m, K, op + m * N + n, N);
+    }
+  });
+}
+
+template <int L>
+void matmul_dispatch(const QuantRows& xq, int64_t qtype, int64_t M, int64_t K, const uint8_t* wp, int64_t N,
+                     int64_t row_bytes, float* op) {
+  if (qtype == kQ4_0) matmul_avx2<kQ4_0, L>(xq, M, K, wp, N, row_bytes, op);
+  else if (qtype == kQ4_1) matmul_avx2<kQ4_1, L>(xq, M, K, wp, N, row_bytes, op);
+  else matmul_avx2<kQ8_0, L>(xq, M, K, wp, N, row_bytes, op);
+}
+#endif
+
+// The portable path: the same quantized-activation arithmetic, one element at a time.
+void dot_row_scalar(int64_t qtype, const uint8_t* wrow, int64_t nblocks, int64_t bbytes, const QuantRows& xq,
+                    int64_t row, float* out) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const uint8_t* blk = wrow + b * bbytes;
+    const int64_t i = row * nblocks + b;
+    const float d = half_to_float(blk);
+    float t = 0.0f, m = 0.0f;
+    for (int l = 0; l < xq.levels; ++l) {
+      const int8_t* xs = xq.q.data() + l * xq.plane_q + i * kBlock;
+      int32_t dot = 0;
+      if (qtype == kQ8_0) {
+        const int8_t* qs = reinterpret_cast<const int8_t*>(blk + 2);
+        for (int j = 0; j < kBlock; ++j) dot += qs[j] * xs[j];
+      } else {
+        const uint8_t* qs = blk + (qtype == kQ4_1 ? 4 : 2);
+        for (int j = 0; j < 16; ++j) dot += (qs[j] & 0x0F) * xs[j] + (qs[j] >> 4) * xs[j + 16];
+        m = qtype == kQ4_1 ? half_to_float(blk + 2) : -8.0f * d;
+      }
+      t += static_cast<float>(dot) * xq.d[l * xq.plane_d + i];
+    }
+    acc += d * t + m * xq.sum[i];
+  }
+  *out = acc;
+}
+
+void check_weight(const torch::Tensor& w, int64_t qtype, int64_t k) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kUInt8 && w.is_contiguous(),
+              "fastmode kernels: weight must be a contiguous 2-D uint8 tensor of ggml blocks");
+  TORCH_CHECK(k > 0 && k % kBlock == 0 && k <= kBlock * kMaxBlocks,
+              "fastmode kernels: in_features must be a positive multiple of 32 up to ", kBlock * kMaxBlocks, ", got ", k);
+  TORCH_CHECK(w.size(1) == k / kBlock * block_bytes(qtype), "fastmode kernels: weight rows hold ", w.size(1),
+              " bytes; ", k, " features of this type need ", k / kBlock * block_bytes(qtype));
+}
+
+}  // namespace
+
+// x: (M, K) fp32; w: (N, K/32 * block_bytes) uint8; levels: 1 (8-bit) or 2 (~16-bit activations).
+// Returns (M, N) fp32.
+torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t levels) {
+  TORCH_CHECK(levels == 1 || levels == 2, "fastmode kernels: activation levels must be 1 or 2, got ", levels);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "fastmode kernels: x must be 2-D fp32");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  check_weight(w, qtype, K);
+  x = x.contiguous();
+  auto out = torch::empty({M, N}, x.options());
+  const int64_t bbytes = block_bytes(qtype), nblocks = K / kBlock, row_bytes = w.size(1);
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  if (M == 0) return out;
+  const QuantRows xq = quantize_rows(xp, M, K, static_cast<int>(levels));
+#if FM_AVX2
+  if (levels == 1) matmul_dispatch<1>(xq, qtype, M, K, wp, N, row_bytes, op);
+  else matmul_dispatch<2>(xq, qtype, M, K, wp, N, row_bytes, op);
+#else
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t m = 0; m < M; ++m) dot_row_scalar(qtype, wp + n * row_bytes, nblocks, bbytes, xq, m, op + m * N + n);
+  });
+#endif
+  return out;
+}
+
+// Rows `rows` of the weight (all rows when rows is empty), dequantized to (R, K) fp32.
+torch::Tensor quant_dequantize(torch::Tensor w, int64_t qtype, int64_t k, torch::Tensor rows) {
+  check_weight(w, qtype, k);
+  const bool all = rows.numel() == 0;
+  const int64_t R = all ? w.size(0) : rows.numel();
+  auto idx = all ? rows : rows.to(torch::kLong).contiguous();
+  const int64_t* ip = all ? nullptr : idx.data_ptr<int64_t>();
+  const int64_t N = w.size(0);
+  for (int64_t r = 0; !all && r < R; ++r)
+    TORCH_CHECK(ip[r] >= 0 && ip[r] < N, "fastmode kernels: row ", ip[r], " out of range for ", N, " rows");
+  auto out = torch::empty({R, k}, torch::dtype(torch::kFloat));
+  const int64_t bbytes = block_bytes(qtype), nblocks = k / kBlock, row_bytes = w.size(1);
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* wrow = wp + (all ? r : ip[r]) * row_bytes;
+      for (int64_t b = 0; b < nblocks; ++b) {
+#if FM_AVX2
+        __m256 w0, w1, w2, w3;
+        dequant_block_avx2(qtype, wrow + b * bbytes, w0, w1, w2, w3);
+        float* o = op + r * k + b * kBlock;
+        _mm256_storeu_ps(o, w0);
+        _mm256_storeu_ps(o + 8, w1);
+        _mm256_storeu_ps(o + 16, w2);
+        _mm256_storeu_ps(o + 24, w3);
+#else
+        dequant_block_scalar(qtype, wrow + b * bbytes, op + r * k + b * kBlock);
+#endif
+      }
+    }
+  });
+  return out;
+}
+
+bool has_avx2() { return FM_AVX2; }

@@ -1,0 +1,121 @@
+"""Linear and embedding layers that run on a GGUF checkpoint's own quantized blocks.
+
+The weight stays in the file's block format (Q4_0, Q4_1 or Q8_0: 32 weights
+per block with an fp16 scale, and a minimum for Q4_1), one row of blocks per
+output feature. `fastmode.kernels` multiplies activations against those
+blocks directly, so a decode step streams ~4.5-8.5 bits per weight instead of
+the 32 of a dequantized fp32 copy. See docs/kernels.md for the numerics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # ggml's type ids for the block formats the kernels read
+BLOCK_BYTES = {2: 18, 3: 20, 8: 34}  # bytes per 32-weight block
+
+
+@dataclass
+class QuantTensor:
+    """A 2-D weight kept in ggml blocks: `data` is (out_features, in_features/32 * block bytes) uint8."""
+
+    data: torch.Tensor
+    qtype: int  # a value of GGML_TYPES
+    shape: tuple[int, int]  # (out_features, in_features)
+
+    def __post_init__(self) -> None:
+        n, k = self.shape
+        if self.qtype not in BLOCK_BYTES:
+            raise ValueError(f"unsupported ggml type id {self.qtype}")
+        if k % 32 or tuple(self.data.shape) != (n, k // 32 * BLOCK_BYTES[self.qtype]) or self.data.dtype != torch.uint8:
+            raise ValueError(f"block data {tuple(self.data.shape)} {self.data.dtype} does not hold a {self.shape} weight")
+
+    def dequantize(self) -> torch.Tensor:
+        """The exact fp32 values the blocks encode, (out_features, in_features)."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        w = dequantize(self.data.numpy(), GGMLQuantizationType(self.qtype))
+        return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).reshape(self.shape)
+
+    @staticmethod
+    def cat_rows(parts: list["QuantTensor"]) -> "QuantTensor | None":
+        """Stack weights along the output dimension (fused q/k/v, gate/up); None if their formats differ."""
+        if len({(p.qtype, p.shape[1]) for p in parts}) != 1:
+            return None
+        rows = sum(p.shape[0] for p in parts)
+        return QuantTensor(torch.cat([p.data for p in parts]), parts[0].qtype, (rows, parts[0].shape[1]))
+
+
+def _ops():
+    from fastmode.kernels import ops
+
+    k = ops()
+    if k is None:  # the loader only builds these layers when the kernels are available
+        raise RuntimeError("fastmode's CPU kernels are not available")
+    return k
+
+
+class QuantLinear(nn.Module):
+    """y = x W^T (+ b) with W in ggml blocks; x is fp32, y is fp32.
+
+    The kernel quantizes each 32-value block of x on the fly: `levels=2` (the
+    default) stores it as two int8 levels (x ~ d1 q1 + d2 q2, about 16 bits),
+    `levels=1` as one (8 bits, llama.cpp's arithmetic).
+    """
+
+    def __init__(self, weight: QuantTensor, bias: torch.Tensor | None = None, levels: int = 2):
+        super().__init__()
+        self.levels = levels
+        self.out_features, self.in_features = weight.shape
+        self.qtype = weight.qtype
+        self.register_buffer("qweight", weight.data, persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+        self._k = _ops()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = self._k.quant_matmul(x.reshape(-1, self.in_features).float(), self.qweight, self.qtype, self.levels)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        name = {v: k for k, v in GGML_TYPES.items()}[self.qtype]
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={name}, levels={self.levels}"
+
+
+class QuantEmbedding(nn.Module):
+    """Embedding lookup that dequantizes only the rows asked for."""
+
+    def __init__(self, weight: QuantTensor):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.qtype = weight.qtype
+        self.register_buffer("qweight", weight.data, persistent=False)
+        self._k = _ops()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        if flat.numel() == 0:  # the kernel reads an empty row list as "every row"
+            return torch.empty(*ids.shape, self.embedding_dim)
+        return self._k.quant_dequantize(self.qweight, self.qtype, self.embedding_dim, flat).reshape(
+            *ids.shape, self.embedding_dim
+        )
+
+    def as_linear(self) -> QuantLinear:
+        """The tied output head: the same blocks, no copy."""
+        return QuantLinear(QuantTensor(self.qweight, self.qtype, (self.num_embeddings, self.embedding_dim)))
+
+
+def set_activation_levels(model: nn.Module, levels: int) -> None:
+    """Activation precision of every QuantLinear in `model`: 2 (~16-bit) or 1 (8-bit)."""
+    if levels not in (1, 2):
+        raise ValueError(f"activation levels must be 1 or 2, got {levels}")
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            m.levels = levels

@@ -1,0 +1,53 @@
+"""The default model on its own Q4_1/Q8_0 blocks (what LLM() runs) against the dequantized fp32 reference."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastmode import LLM, SamplingParams
+from fastmode.kernels import ops
+from fastmode.models.quant_linear import QuantEmbedding, QuantLinear
+
+pytestmark = pytest.mark.skipif(ops() is None, reason="kernels unavailable")
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def native():
+    return LLM(speculative="off", draft_model=None)
+
+
+def test_default_engine_runs_the_checkpoint_blocks(native):
+    loaded = native.engine.loaded
+    assert loaded.weight_format == "Q4_1+Q8_0"
+    layer = loaded.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, QuantLinear) and layer.self_attn.qkv_proj.levels == 2
+    assert isinstance(loaded.model.embed_tokens, QuantEmbedding)
+    assert loaded.model.lm_head.qweight.data_ptr() == loaded.model.embed_tokens.qweight.data_ptr()  # tied, one copy
+
+
+def test_native_greedy_answer_matches_the_dequantized_reference(native):
+    ref = LLM(weights="dequantize", speculative="off", draft_model=None)
+    prompt = native.tokenizer.apply_chat_template(QUESTION)
+    sp = SamplingParams(temperature=0.0, max_tokens=24)
+    got, want = native.generate(prompt, sp)[0], ref.generate(prompt, sp)[0]
+    assert got.text == want.text == "The capital of France is Paris."
+
+
+def test_native_speculation_is_lossless(native):
+    """Greedy n-gram speculation on the native path returns exactly the plain output."""
+    spec = LLM(speculative="ngram", speculative_tiers="standard,fast", speculative_min_gain=0.0, draft_model=None)
+    prompt = native.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Repeat this list: apple, banana, cherry, apple, banana, cherry."}]
+    )
+    sp = SamplingParams(temperature=0.0, max_tokens=40)
+    assert spec.generate(prompt, sp)[0].token_ids == native.generate(prompt, sp)[0].token_ids
+
+
+def test_int8_activations_are_selectable():
+    llm = LLM(weights="native-int8", speculative="off", draft_model=None)
+    assert llm.engine.loaded.weight_format == "Q4_1+Q8_0+int8-activations"
+    assert llm.engine.loaded.model.layers[0].mlp.down_proj.levels == 1
+    out = llm.generate(llm.tokenizer.apply_chat_template(QUESTION), SamplingParams(temperature=0.0, max_tokens=8))
+    assert len(out[0].token_ids) == 8

@@ -1,0 +1,120 @@
+"""fastmode's CPU kernels against references: gguf's own dequantization, a
+numpy model of the quantized-activation arithmetic, and fp32 PyTorch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fastmode.kernels import ops, unavailable_reason
+
+K = ops()
+pytestmark = pytest.mark.skipif(K is None, reason=f"kernels unavailable: {unavailable_reason()}")
+QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+ALL_ROWS = torch.empty(0, dtype=torch.long)
+
+
+def blocks(qtype: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
+    """(ggml block bytes (n, row_bytes), their exact fp32 values (n, k)) for a random weight."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    w = np.random.default_rng(seed).normal(0, 0.05, (n, k)).astype(np.float32)
+    q = quantize(w, GGMLQuantizationType[qtype])
+    return torch.from_numpy(np.ascontiguousarray(q)), dequantize(q, GGMLQuantizationType[qtype]).astype(np.float32)
+
+
+def reference_matmul(x: np.ndarray, w: np.ndarray, levels: int) -> np.ndarray:
+    """The documented arithmetic: each 32-value block of x becomes `levels` int8 planes
+    (scale amax/127, round half to even, the residual quantized again); then x_hat @ w.T."""
+    m, k = x.shape
+    xb = x.reshape(m, k // 32, 32).astype(np.float32)
+    rest, xhat = xb.copy(), np.zeros_like(xb)
+    for _ in range(levels):
+        amax = np.abs(rest).max(-1, keepdims=True)
+        d = (amax / np.float32(127)).astype(np.float32)
+        inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+        q = np.rint(rest * inv)
+        xhat += d * q
+        rest = (rest - d * q).astype(np.float32)
+    return xhat.reshape(m, k).astype(np.float64) @ w.T.astype(np.float64)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_dequantize_is_exactly_ggufs(qtype):
+    raw, expect = blocks(qtype, 40, 96)
+    got = K.quant_dequantize(raw, QTYPES[qtype], 96, ALL_ROWS)
+    np.testing.assert_array_equal(got.numpy(), expect)
+    rows = torch.tensor([3, 0, 39, 3])
+    np.testing.assert_array_equal(K.quant_dequantize(raw, QTYPES[qtype], 96, rows).numpy(), expect[[3, 0, 39, 3]])
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("levels", [1, 2])
+def test_matmul_matches_the_documented_arithmetic(qtype, levels):
+    raw, w = blocks(qtype, 70, 160, seed=1)
+    x = torch.randn(9, 160, generator=torch.Generator().manual_seed(2))
+    x[3, 5] = 40.0  # an outlier channel, as real activations have
+    got = K.quant_matmul(x, raw, QTYPES[qtype], levels).numpy()
+    ref = reference_matmul(x.numpy(), w, levels)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+    # Against exact fp32 activations: two levels are ~16-bit, one level is 8-bit.
+    exact = x.double().numpy() @ w.T.astype(np.float64)
+    err = np.abs(got - exact).max() / np.abs(exact).max()
+    assert err < (1e-4 if levels == 2 else 3e-2), err
+
+
+@pytest.mark.parametrize("levels", [1, 2])
+def test_rows_do_not_depend_on_the_batch(levels):
+    """Row i of a batched call is bit-identical to computing row i alone (speculative verification relies on it)."""
+    raw, _ = blocks("Q4_1", 64, 128, seed=3)
+    x = torch.randn(7, 128, generator=torch.Generator().manual_seed(4))
+    batched = K.quant_matmul(x, raw, QTYPES["Q4_1"], levels)
+    for i in range(7):
+        assert torch.equal(K.quant_matmul(x[i : i + 1], raw, QTYPES["Q4_1"], levels)[0], batched[i])
+    assert torch.equal(K.quant_matmul(x[2:5], raw, QTYPES["Q4_1"], levels), batched[2:5])
+
+
+def test_bad_inputs_raise_clear_errors():
+    raw, _ = blocks("Q8_0", 4, 64)
+    x = torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match="weight rows hold"):
+        K.quant_matmul(x, raw, QTYPES["Q4_1"], 2)  # Q8_0 bytes read as Q4_1
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        K.quant_matmul(torch.randn(2, 48), raw[:, :51].contiguous(), QTYPES["Q8_0"], 2)
+    with pytest.raises(RuntimeError, match="levels must be 1 or 2"):
+        K.quant_matmul(x, raw, QTYPES["Q8_0"], 3)
+    with pytest.raises(RuntimeError, match="unsupported ggml type"):
+        K.quant_matmul(x, raw, 12, 2)
+    with pytest.raises(RuntimeError, match="out of range"):
+        K.quant_dequantize(raw, QTYPES["Q8_0"], 64, torch.tensor([4]))
+    assert K.quant_matmul(torch.empty(0, 64), raw, QTYPES["Q8_0"], 2).shape == (0, 4)
+
+
+def test_paged_decode_attention_matches_gathered_attention():
+    g = torch.Generator().manual_seed(5)
+    blocks_, bs, kvh, hd, heads = 12, 4, 3, 16, 9
+    k_cache, v_cache = torch.randn(blocks_, bs, kvh, hd, generator=g), torch.randn(blocks_, bs, kvh, hd, generator=g)
+    tables = torch.tensor([[5, 2, 9, 0], [7, 0, 0, 0], [1, 3, 11, 4]])
+    lens = torch.tensor([10, 1, 16])
+    q = torch.randn(3, heads, hd, generator=g)
+    got = K.paged_decode_attention(q, k_cache, v_cache, tables, lens, hd**-0.5)
+    for b in range(3):
+        n = int(lens[b])
+        k = k_cache[tables[b]].flatten(0, 1)[:n].repeat_interleave(heads // kvh, dim=1)  # (T, heads, hd)
+        v = v_cache[tables[b]].flatten(0, 1)[:n].repeat_interleave(heads // kvh, dim=1)
+        p = torch.softmax(torch.einsum("hd,thd->ht", q[b], k) * hd**-0.5, dim=-1)
+        torch.testing.assert_close(got[b], torch.einsum("ht,thd->hd", p, v), atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="out of range"):
+        K.paged_decode_attention(q, k_cache, v_cache, tables, torch.tensor([10, 1, 17]), 1.0)
+    with pytest.raises(RuntimeError, match="bad block id"):
+        K.paged_decode_attention(q, k_cache, v_cache, torch.tensor([[5, 2, 99, 0]] * 3), lens, 1.0)
+
+
+def test_rms_norm_and_silu_mul_match_pytorch():
+    x, w = torch.randn(5, 3, 64), torch.randn(64)
+    ref = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    torch.testing.assert_close(K.rms_norm(x, w, 1e-5), ref, atol=1e-5, rtol=1e-5)
+    gu = torch.randn(6, 2 * 40)
+    torch.testing.assert_close(K.silu_mul(gu), torch.nn.functional.silu(gu[:, :40]) * gu[:, 40:], atol=1e-6, rtol=1e-5)
