@@ -51,3 +51,24 @@ def test_int8_activations_are_selectable():
     assert llm.engine.loaded.model.layers[0].mlp.down_proj.levels == 1
     out = llm.generate(llm.tokenizer.apply_chat_template(QUESTION), SamplingParams(temperature=0.0, max_tokens=8))
     assert len(out[0].token_ids) == 8
+
+
+def test_fused_decode_step_matches_the_per_layer_path(native, monkeypatch):
+    """Pure-decode steps run every layer in one kernel call; the per-layer path
+    (used for mixed steps) is built from the same ops and must agree token for token."""
+    prompts = [native.tokenizer.apply_chat_template([{"role": "user", "content": q}])
+               for q in ("Name a prime number.", "Write a haiku about rain.", "What is 12 * 7?")]
+    sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    calls = []
+    fused = type(native.engine.loaded.model)._fused_decode
+
+    def counting(self, batch, kv_caches):
+        run = fused(self, batch, kv_caches)
+        calls.append(run is not None)
+        return run
+
+    monkeypatch.setattr(type(native.engine.loaded.model), "_fused_decode", counting)
+    want = [o.token_ids for o in native.generate(prompts, sp)]
+    assert any(calls)  # the fused path did run
+    monkeypatch.setattr(type(native.engine.loaded.model), "_fused_decode", lambda self, batch, kv: None)
+    assert [o.token_ids for o in native.generate(prompts, sp)] == want

@@ -26,19 +26,21 @@ def blocks(qtype: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, np.
 
 
 def reference_matmul(x: np.ndarray, w: np.ndarray, levels: int) -> np.ndarray:
-    """The documented arithmetic: each 32-value block of x becomes `levels` int8 planes
-    (scale amax/127, round half to even, the residual quantized again); then x_hat @ w.T."""
+    """The documented arithmetic: each 32-value block of x is rounded (half to even) to int8 on the
+    grid amax/127; with two levels the residual is rounded again on a grid 254 times finer,
+    clamped to int8. Then x_hat @ w.T."""
     m, k = x.shape
     xb = x.reshape(m, k // 32, 32).astype(np.float32)
-    rest, xhat = xb.copy(), np.zeros_like(xb)
-    for _ in range(levels):
-        amax = np.abs(rest).max(-1, keepdims=True)
-        d = (amax / np.float32(127)).astype(np.float32)
-        inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-        q = np.rint(rest * inv)
-        xhat += d * q
-        rest = (rest - d * q).astype(np.float32)
-    return xhat.reshape(m, k).astype(np.float64) @ w.T.astype(np.float64)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    d1 = (amax / np.float32(127)).astype(np.float32)
+    inv1 = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q1 = np.rint(xb * inv1)
+    xhat = d1.astype(np.float64) * q1
+    if levels == 2:
+        rest = (xb - d1 * q1).astype(np.float32)
+        q2 = np.clip(np.rint(rest * (inv1 * np.float32(254))), -127, 127)
+        xhat = xhat + (d1 / np.float32(254)).astype(np.float64) * q2
+    return xhat.reshape(m, k) @ w.T.astype(np.float64)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -118,3 +120,26 @@ def test_rms_norm_and_silu_mul_match_pytorch():
     torch.testing.assert_close(K.rms_norm(x, w, 1e-5), ref, atol=1e-5, rtol=1e-5)
     gu = torch.randn(6, 2 * 40)
     torch.testing.assert_close(K.silu_mul(gu), torch.nn.functional.silu(gu[:, :40]) * gu[:, 40:], atol=1e-6, rtol=1e-5)
+
+
+def test_rope_qkv_matches_rotary_and_writes_the_cache():
+    from fastmode.models.llama import Rotary
+
+    g = torch.Generator().manual_seed(6)
+    n, heads, kvh, hd = 5, 4, 2, 16
+    qkv = torch.randn(n, (heads + 2 * kvh) * hd, generator=g)
+    angles = torch.rand(n, hd // 2, generator=g) * 6
+    cos, sin = angles.cos(), angles.sin()
+    k_cache, v_cache = torch.zeros(3, 4, kvh, hd), torch.zeros(3, 4, kvh, hd)
+    slots = torch.tensor([9, 0, 3, 11, 4])
+    q = K.rope_qkv(qkv, cos, sin, heads, kvh, hd, slots, k_cache, v_cache)
+    qr, kr, vr = qkv.split([heads * hd, kvh * hd, kvh * hd], dim=-1)
+    torch.testing.assert_close(q, Rotary.apply(qr.view(n, heads, hd), cos[:, None], sin[:, None]), atol=1e-6, rtol=1e-6)
+    flat_k, flat_v = k_cache.view(-1, kvh, hd), v_cache.view(-1, kvh, hd)
+    torch.testing.assert_close(flat_k[slots], Rotary.apply(kr.view(n, kvh, hd), cos[:, None], sin[:, None]), atol=1e-6, rtol=1e-6)
+    assert torch.equal(flat_v[slots], vr.view(n, kvh, hd))
+    untouched = torch.ones(12, dtype=torch.bool)
+    untouched[slots] = False
+    assert not flat_k[untouched].any() and not flat_v[untouched].any()
+    with pytest.raises(RuntimeError, match="out of range"):
+        K.rope_qkv(qkv, cos, sin, heads, kvh, hd, torch.tensor([9, 0, 3, 12, 4]), k_cache, v_cache)

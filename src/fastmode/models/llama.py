@@ -95,13 +95,20 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = Rotary.apply(q.view(n, self.num_heads, self.head_dim), *rope)
-        k = Rotary.apply(k.view(n, self.num_kv_heads, self.head_dim), *rope)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
-        # k_cache: (num_blocks, block_size, kvh, hd); write the new tokens' K/V into their slots.
-        k_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = k
-        v_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = v
+        if self.kernels is not None and k_cache.dtype == torch.float32:
+            # RoPE and the K/V cache write in one op (the same one LlamaModel's fused decode uses).
+            q = self.kernels.rope_qkv(
+                self.qkv_proj(x), rope[0].reshape(n, -1), rope[1].reshape(n, -1), self.num_heads,
+                self.num_kv_heads, self.head_dim, batch.slot_mapping, k_cache, v_cache,
+            )
+        else:
+            q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = Rotary.apply(q.view(n, self.num_heads, self.head_dim), *rope)
+            k = Rotary.apply(k.view(n, self.num_kv_heads, self.head_dim), *rope)
+            v = v.view(n, self.num_kv_heads, self.head_dim)
+            # k_cache: (num_blocks, block_size, kvh, hd); write the new tokens' K/V into their slots.
+            k_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = k
+            v_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = v
 
         outs = []
         for span in batch.prefill_spans:
@@ -185,6 +192,7 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = Rotary(cfg, max_positions or cfg.max_position_embeddings)
+        self.kernels = None  # set by use_kernels; enables the fused decode step
 
     def forward(
         self,
@@ -196,10 +204,61 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x = layer(x, rope, batch, k_cache, v_cache)
+        fused = self._fused_decode(batch, kv_caches)
+        if fused is not None:
+            x = fused(x, rope)
+        else:
+            for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+                x = layer(x, rope, batch, k_cache, v_cache)
         x = self.norm(x[logit_indices])
         return self.lm_head(x).float()  # (S, vocab)
+
+    def _fused_decode(self, batch: AttentionBatch, kv_caches):
+        """For a step of decodes only, on fastmode's kernels with every layer's
+        linears in ggml blocks: a function running all layers in one kernel
+        call (no Python between ops). None where the per-layer path must run."""
+        kernels = getattr(self, "kernels", None)
+        if kernels is None or batch.prefill_spans or batch.decode_context_lens is None:
+            return None
+        if kv_caches[0][0].dtype != torch.float32:
+            return None
+        pack = getattr(self, "_decode_pack", None)
+        if pack is None:
+            pack = self._decode_pack = _decode_pack(self)
+        if not pack:
+            return None
+        norms, weights, qtypes, levels = pack
+        cfg = self.cfg
+        k_caches, v_caches = [k for k, _ in kv_caches], [v for _, v in kv_caches]
+
+        def run(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            n = x.shape[0]
+            return kernels.decode_layers(
+                x, norms, weights, qtypes, k_caches, v_caches, rope[0].reshape(n, -1), rope[1].reshape(n, -1),
+                batch.slot_mapping, batch.decode_block_tables, batch.decode_context_lens,
+                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, cfg.head_dim**-0.5, levels,
+            )
+
+        return run
+
+
+def _decode_pack(model: LlamaModel) -> tuple | tuple[()]:
+    """(norm weights, block weights, ggml types, activation levels) for `decode_layers`,
+    or () when some layer cannot run fused (fp32 linears, a q/k/v bias, mixed levels)."""
+    from fastmode.models.quant_linear import QuantLinear
+
+    norms, weights, qtypes, levels = [], [], [], set()
+    for layer in model.layers:
+        linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        if not all(isinstance(m, QuantLinear) and m.bias is None for m in linears):
+            return ()
+        norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+        weights += [m.qweight for m in linears]
+        qtypes += [m.qtype for m in linears]
+        levels |= {m.levels for m in linears}
+    if len(levels) != 1:
+        return ()
+    return norms, weights, qtypes, levels.pop()
 
 
 def use_kernels(model: nn.Module, kernels) -> None:
@@ -208,5 +267,7 @@ def use_kernels(model: nn.Module, kernels) -> None:
     The loader turns them on with native quantized weights; the dequantized
     reference path keeps plain PyTorch."""
     for m in model.modules():
-        if isinstance(m, (RMSNorm, Attention, MLP)):
+        if isinstance(m, (RMSNorm, Attention, MLP, LlamaModel)):
             m.kernels = kernels
+        if isinstance(m, LlamaModel):
+            m._decode_pack = None  # rebuilt on the next decode step

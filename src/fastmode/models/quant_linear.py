@@ -119,3 +119,5 @@ def set_activation_levels(model: nn.Module, levels: int) -> None:
     for m in model.modules():
         if isinstance(m, QuantLinear):
             m.levels = levels
+        if hasattr(m, "_decode_pack"):
+            m._decode_pack = None  # a LlamaModel's fused-decode arguments carry the levels

@@ -8,6 +8,14 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor silu_mul(torch::Tensor x);
+torch::Tensor rope_qkv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
+                       int64_t head_dim, torch::Tensor slots, torch::Tensor k_cache, torch::Tensor v_cache);
+torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> norms, std::vector<torch::Tensor> weights,
+                            std::vector<int64_t> qtypes, std::vector<torch::Tensor> k_caches,
+                            std::vector<torch::Tensor> v_caches, torch::Tensor cos, torch::Tensor sin,
+                            torch::Tensor slots, torch::Tensor block_tables, torch::Tensor context_lens,
+                            int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
+                            int64_t levels);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_matmul", &quant_matmul, "x (M,K) fp32 @ W^T, W in ggml blocks (N, row_bytes) uint8 -> (M,N) fp32; levels: 1 = 8-bit, 2 = ~16-bit activations");
@@ -15,5 +23,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "one query per sequence over a paged KV cache, fp32");
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, fp32");
   m.def("silu_mul", &silu_mul, "silu(gate) * up for x = [gate | up], fp32");
+  m.def("rope_qkv", &rope_qkv, "RoPE on a fused qkv row; k and v written to their cache slots; returns q");
+  m.def("decode_layers", &decode_layers, "every decoder layer of a pure-decode step in one call");
   m.def("has_avx2", &has_avx2, "whether the AVX2/FMA/F16C paths were compiled in");
 }

@@ -9,6 +9,90 @@
 #include <limits>
 #include <vector>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// a . b over n floats.
+inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float s = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  __m256 v = _mm256_add_ps(acc0, acc1);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  s = _mm_cvtss_f32(h);
+#endif
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// e^x for 8 floats, x <= 0 (softmax after the max is subtracted): 2^n * P(r),
+// n = round(x / ln 2), r = x - n ln 2 in two parts, P a degree-6 Taylor
+// polynomial (relative error < 2e-7 on |r| <= ln2/2). Inputs below -87 give 0.
+inline __m256 exp_neg(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+// x[i] = e^(x[i] - mx) over n floats; returns their sum.
+inline float exp_shift_sum(float* x, int64_t n, float mx) {
+  int64_t i = 0;
+  float sum = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, acc);
+  for (float l : lanes) sum += l;
+#endif
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  return sum;
+}
+
+// y += p * x over n floats.
+inline void axpy(float p, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 pv = _mm256_set1_ps(p);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+  for (; i < n; ++i) y[i] += p * x[i];
+}
+
+}  // namespace
+
 // Attention for one new query token per sequence over a paged KV cache.
 // q: (B, H, D); k_cache, v_cache: (num_blocks, block_size, KVH, D);
 // block_tables: (B, max_blocks) long; context_lens: (B,) long. Returns (B, H, D).
@@ -49,32 +133,20 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
       for (int64_t t = 0; t < T; ++t) {
         const float* k = kp + ((tp[b * maxb + t / bs] * bs + t % bs) * KVH + kh) * D;
         for (int64_t g = 0; g < G; ++g) {
-          const float* qv = qp + (b * H + kh * G + g) * D;
-          float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < D; ++d) s += qv[d] * k[d];
-          scores[g * T + t] = s * sc;
+          scores[g * T + t] = dot(qp + (b * H + kh * G + g) * D, k, D) * sc;
         }
       }
       for (int64_t g = 0; g < G; ++g) {
         float* sg = scores.data() + g * T;
-        float mx = -std::numeric_limits<float>::infinity(), den = 0.0f;
+        float mx = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t < T; ++t) mx = std::max(mx, sg[t]);
-        for (int64_t t = 0; t < T; ++t) {
-          sg[t] = std::exp(sg[t] - mx);
-          den += sg[t];
-        }
-        const float inv = 1.0f / den;
+        const float inv = 1.0f / exp_shift_sum(sg, T, mx);
         for (int64_t t = 0; t < T; ++t) sg[t] *= inv;
       }
       for (int64_t g = 0; g < G; ++g) std::fill_n(op + (b * H + kh * G + g) * D, D, 0.0f);
       for (int64_t t = 0; t < T; ++t) {
         const float* v = vp + ((tp[b * maxb + t / bs] * bs + t % bs) * KVH + kh) * D;
-        for (int64_t g = 0; g < G; ++g) {
-          float* o = op + (b * H + kh * G + g) * D;
-          const float p = scores[g * T + t];
-          for (int64_t d = 0; d < D; ++d) o[d] += p * v[d];
-        }
+        for (int64_t g = 0; g < G; ++g) axpy(scores[g * T + t], v, op + (b * H + kh * G + g) * D, D);
       }
     }
   });
@@ -95,9 +167,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = xp + r * D;
-      float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t d = 0; d < D; ++d) ss += xr[d] * xr[d];
+      const float ss = dot(xr, xr, D);
       const float inv = 1.0f / std::sqrt(ss / D + static_cast<float>(eps));
       for (int64_t d = 0; d < D; ++d) op[r * D + d] = wp[d] * (xr[d] * inv);
     }

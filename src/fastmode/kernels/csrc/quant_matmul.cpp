@@ -115,47 +115,54 @@ inline float hsum(__m256 v) {
 // offset term uses the quantized sum too, so the error is sum_j w_j e_j with
 // centred weights, not sum_j (w_j - m) e_j).
 //
-// With `levels` = 2 the rounding residual of each block is quantized again
-// (x ~= dx1 q1 + dx2 q2): about 16-bit activations for a second integer dot
-// product per block. Decode at small batch is bound by streaming the weights,
-// so the second level costs little there; it keeps the fp32 model's answers
-// where 8-bit activations (levels = 1) drift on small models.
+// With `levels` = 2 the rounding residual of each block is quantized again on
+// a grid 254 times finer (x ~= dx (254 q1 + q2) with dx = amax/127/254; the
+// residual is at most half a step of the first grid, so q2 fits in int8): about
+// 16-bit activations. The two integer dot products combine exactly in int32
+// (vpmaddwd multiplies the first by 254 for free), so the second level costs
+// one more multiply pair per block and nothing else. Decode at small batch is
+// bound by streaming the weights, so it costs little there; it keeps the fp32
+// model's answers where 8-bit activations (levels = 1) drift on small models.
 //
 // Each row of x is quantized and reduced on its own, with the same operations
 // whatever else is in the batch: a row's result does not depend on the batch
 // it was computed in (speculative verification stays exact).
+constexpr int32_t kLevelRatio = 254;
+
 struct QuantRows {
   int levels;
   std::vector<int8_t> q;    // (levels, M, K)
-  std::vector<float> d;     // (levels, M, K/32) activation block scales
-  std::vector<float> sum;   // (M, K/32) block sums of the quantized values, sum_l d_l * sum(q_l)
-  int64_t plane_q, plane_d; // strides between levels
+  std::vector<float> d;     // (M, K/32) block scale of one unit of the combined integer value
+  std::vector<float> sum;   // (M, K/32) block sums of the quantized values, d * sum(combined q)
+  int64_t plane_q;          // stride between levels
 };
 
 QuantRows quantize_rows(const float* x, int64_t M, int64_t K, int levels) {
   const int64_t nb = K / kBlock;
-  QuantRows r{levels, std::vector<int8_t>(levels * M * K), std::vector<float>(levels * M * nb),
-              std::vector<float>(M * nb), M * K, M * nb};
+  QuantRows r{levels, std::vector<int8_t>(levels * M * K), std::vector<float>(M * nb), std::vector<float>(M * nb),
+              M * K};
   at::parallel_for(0, M * nb, 256, [&](int64_t i0, int64_t i1) {
-    float rest[kBlock];
     for (int64_t i = i0; i < i1; ++i) {
-      std::memcpy(rest, x + i * kBlock, sizeof(rest));  // rows are contiguous: block i of the flattened x
-      float total = 0.0f;
-      for (int l = 0; l < levels; ++l) {
-        float amax = 0.0f;
-        for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(rest[j]));
-        const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int8_t* q = r.q.data() + l * r.plane_q + i * kBlock;
-        int32_t qsum = 0;
-        for (int j = 0; j < kBlock; ++j) {
-          q[j] = static_cast<int8_t>(std::nearbyint(rest[j] * id));
-          qsum += q[j];
-          rest[j] -= d * q[j];
+      const float* xb = x + i * kBlock;  // rows are contiguous: block i of the flattened x
+      float amax = 0.0f;
+      for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const float d1 = amax / 127.0f, id1 = amax > 0.0f ? 127.0f / amax : 0.0f;
+      const float d2 = d1 / kLevelRatio, id2 = id1 * kLevelRatio;
+      int8_t* q1 = r.q.data() + i * kBlock;
+      int8_t* q2 = q1 + r.plane_q;
+      int32_t qsum = 0;
+      for (int j = 0; j < kBlock; ++j) {
+        q1[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id1));
+        if (levels == 1) {
+          qsum += q1[j];
+          continue;
         }
-        r.d[l * r.plane_d + i] = d;
-        total += d * static_cast<float>(qsum);
+        const float rest = xb[j] - d1 * q1[j];
+        q2[j] = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, std::nearbyint(rest * id2))));
+        qsum += kLevelRatio * q1[j] + q2[j];
       }
-      r.sum[i] = total;
+      r.d[i] = levels == 1 ? d1 : d2;
+      r.sum[i] = r.d[i] * static_cast<float>(qsum);
     }
   });
   return r;
@@ -170,8 +177,8 @@ constexpr int64_t kBlockBytes = QT == kQ4_0 ? 18 : QT == kQ4_1 ? 20 : 34;
 // which dot_rows applies to the rows' block sums at the end.
 template <int QT, int MR, int L>
 inline float dot_block(const uint8_t* blk, const int8_t* xq, const float* xd, int64_t ldq, int64_t lds,
-                       int64_t plane_q, int64_t plane_d, __m256* acc) {
-  const __m256i ones = _mm256_set1_epi16(1);
+                       int64_t plane_q, __m256* acc) {
+  const __m256i ones = _mm256_set1_epi16(1), ratio = _mm256_set1_epi16(kLevelRatio);
   const float d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
   float m = 0.0f;
   __m256i w;  // Q4: 32 unsigned nibbles; Q8_0: signed bytes, sign moved onto x below
@@ -186,13 +193,18 @@ inline float dot_block(const uint8_t* blk, const int8_t* xq, const float* xd, in
   const __m256i wabs = QT == kQ8_0 ? _mm256_sign_epi8(w, w) : w;
   const __m256 dv = _mm256_set1_ps(d);
   for (int r = 0; r < MR; ++r) {
-    __m256 t = _mm256_setzero_ps();
-    for (int l = 0; l < L; ++l) {
-      __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + l * plane_q + r * ldq));
-      if constexpr (QT == kQ8_0) xv = _mm256_sign_epi8(xv, w);
-      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xv), ones);
-      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(xd + l * plane_d + r * lds), t);
+    __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * ldq));
+    if constexpr (QT == kQ8_0) x1 = _mm256_sign_epi8(x1, w);
+    __m256i dot;
+    if constexpr (L == 1) {
+      dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, x1), ones);
+    } else {  // 254 * (w . q1) + w . q2, exact in int32
+      __m256i x2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + plane_q + r * ldq));
+      if constexpr (QT == kQ8_0) x2 = _mm256_sign_epi8(x2, w);
+      dot = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wabs, x1), ratio),
+                             _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, x2), ones));
     }
+    const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(xd + r * lds));
     acc[r] = _mm256_fmadd_ps(dv, t, acc[r]);
   }
   return m;
@@ -208,16 +220,16 @@ inline void dot_rows(const uint8_t* wrow, int64_t nb, const QuantRows& x, int64_
   const int8_t* xq = x.q.data() + row0 * K;
   const float* xd = x.d.data() + row0 * nb;
   const float* xs = x.sum.data() + row0 * nb;
-  const int64_t pq = x.plane_q, pd = x.plane_d;
+  const int64_t pq = x.plane_q;
   float mblk[kMaxBlocks];
   __m256 even[MR], odd[MR];
   for (int r = 0; r < MR; ++r) even[r] = odd[r] = _mm256_setzero_ps();
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {
-    mblk[b] = dot_block<QT, MR, L>(wrow + b * BB, xq + b * kBlock, xd + b, K, nb, pq, pd, even);
-    mblk[b + 1] = dot_block<QT, MR, L>(wrow + (b + 1) * BB, xq + (b + 1) * kBlock, xd + b + 1, K, nb, pq, pd, odd);
+    mblk[b] = dot_block<QT, MR, L>(wrow + b * BB, xq + b * kBlock, xd + b, K, nb, pq, even);
+    mblk[b + 1] = dot_block<QT, MR, L>(wrow + (b + 1) * BB, xq + (b + 1) * kBlock, xd + b + 1, K, nb, pq, odd);
   }
-  if (b < nb) mblk[b] = dot_block<QT, MR, L>(wrow + b * BB, xq + b * kBlock, xd + b, K, nb, pq, pd, even);
+  if (b < nb) mblk[b] = dot_block<QT, MR, L>(wrow + b * BB, xq + b * kBlock, xd + b, K, nb, pq, even);
   for (int r = 0; r < MR; ++r) {
     float mterm = 0.0f;
     if constexpr (QT != kQ8_0)
@@ -264,7 +276,8 @@ void dot_row_scalar(int64_t qtype, const uint8_t* wrow, int64_t nblocks, int64_t
     const uint8_t* blk = wrow + b * bbytes;
     const int64_t i = row * nblocks + b;
     const float d = half_to_float(blk);
-    float t = 0.0f, m = 0.0f;
+    float m = 0.0f;
+    int32_t combined = 0;
     for (int l = 0; l < xq.levels; ++l) {
       const int8_t* xs = xq.q.data() + l * xq.plane_q + i * kBlock;
       int32_t dot = 0;
@@ -276,8 +289,9 @@ void dot_row_scalar(int64_t qtype, const uint8_t* wrow, int64_t nblocks, int64_t
         for (int j = 0; j < 16; ++j) dot += (qs[j] & 0x0F) * xs[j] + (qs[j] >> 4) * xs[j + 16];
         m = qtype == kQ4_1 ? half_to_float(blk + 2) : -8.0f * d;
       }
-      t += static_cast<float>(dot) * xq.d[l * xq.plane_d + i];
+      combined += (l == 0 && xq.levels == 2 ? kLevelRatio : 1) * dot;
     }
+    const float t = static_cast<float>(combined) * xq.d[i];
     acc += d * t + m * xq.sum[i];
   }
   *out = acc;

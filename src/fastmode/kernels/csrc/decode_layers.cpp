@@ -1,0 +1,89 @@
+// The decoder layers of a pure-decode step (one new token per sequence) in one
+// call: RMSNorm -> q/k/v -> RoPE + KV write -> paged attention -> o_proj ->
+// residual -> RMSNorm -> gate/up -> SwiGLU -> down -> residual, for every
+// layer, with no Python between ops. It is composed of the same functions the
+// per-op path calls from Python, so a token gets the same result either way.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t levels);
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     torch::Tensor block_tables, torch::Tensor context_lens, double scale);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
+torch::Tensor silu_mul(torch::Tensor x);
+
+// Rotate-half RoPE on the q and k parts of a fused qkv row, writing k and v
+// into their cache slots. qkv: (N, (H + 2 KVH) D); cos, sin: (N, D/2);
+// slots: (N,) long; caches: (num_blocks, block_size, KVH, D). Returns q, (N, H, D).
+torch::Tensor rope_qkv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
+                       int64_t head_dim, torch::Tensor slots, torch::Tensor k_cache, torch::Tensor v_cache) {
+  const int64_t N = qkv.size(0), D = head_dim, half = D / 2, H = heads, KVH = kv_heads;
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == torch::kFloat && qkv.size(1) == (H + 2 * KVH) * D,
+              "rope_qkv: qkv must be (N, (heads + 2 kv_heads) head_dim) fp32");
+  TORCH_CHECK(D % 2 == 0 && cos.numel() == N * half && sin.numel() == N * half, "rope_qkv: cos/sin must be (N, D/2)");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == torch::kFloat &&
+                  k_cache.size(2) == KVH && k_cache.size(3) == D && v_cache.sizes() == k_cache.sizes(),
+              "rope_qkv: caches must be contiguous (blocks, block_size, kv_heads, head_dim) fp32");
+  auto slot = slots.to(torch::kLong).contiguous();
+  TORCH_CHECK(slot.numel() == N, "rope_qkv: one slot per token");
+  const int64_t* sp = slot.data_ptr<int64_t>();
+  const int64_t capacity = k_cache.size(0) * k_cache.size(1);
+  for (int64_t i = 0; i < N; ++i) TORCH_CHECK(sp[i] >= 0 && sp[i] < capacity, "rope_qkv: slot ", sp[i], " out of range");
+  qkv = qkv.contiguous();
+  auto c = cos.contiguous(), s = sin.contiguous();
+  auto q = torch::empty({N, H, D}, qkv.options());
+  const float* xp = qkv.data_ptr<float>();
+  const float* cp = c.data_ptr<float>();
+  const float* snp = s.data_ptr<float>();
+  float* qp = q.data_ptr<float>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  const int64_t row = (H + 2 * KVH) * D;
+  auto rotate = [&](const float* in, float* out, const float* cs, const float* sn) {
+    for (int64_t j = 0; j < half; ++j) {
+      const float x1 = in[j], x2 = in[j + half];
+      out[j] = x1 * cs[j] - x2 * sn[j];
+      out[j + half] = x2 * cs[j] + x1 * sn[j];
+    }
+  };
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* in = xp + n * row;
+      const float* cs = cp + n * half;
+      const float* sn = snp + n * half;
+      for (int64_t h = 0; h < H; ++h) rotate(in + h * D, qp + (n * H + h) * D, cs, sn);
+      for (int64_t h = 0; h < KVH; ++h) {
+        rotate(in + (H + h) * D, kc + (sp[n] * KVH + h) * D, cs, sn);
+        std::copy_n(in + (H + KVH + h) * D, D, vc + (sp[n] * KVH + h) * D);
+      }
+    }
+  });
+  return q;
+}
+
+// x: (B, hidden). Per layer i: norms[2i], norms[2i+1] (input, post-attention);
+// weights[4i..4i+3] = qkv, o, gate_up, down blocks with qtypes[4i..4i+3].
+torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> norms, std::vector<torch::Tensor> weights,
+                            std::vector<int64_t> qtypes, std::vector<torch::Tensor> k_caches,
+                            std::vector<torch::Tensor> v_caches, torch::Tensor cos, torch::Tensor sin,
+                            torch::Tensor slots, torch::Tensor block_tables, torch::Tensor context_lens,
+                            int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
+                            int64_t levels) {
+  const size_t L = k_caches.size();
+  TORCH_CHECK(norms.size() == 2 * L && weights.size() == 4 * L && qtypes.size() == 4 * L && v_caches.size() == L,
+              "decode_layers: 2 norms, 4 weights and one K/V cache pair per layer");
+  const int64_t B = x.size(0);
+  for (size_t i = 0; i < L; ++i) {
+    auto h = rms_norm(x, norms[2 * i], eps);
+    auto qkv = quant_matmul(h, weights[4 * i], qtypes[4 * i], levels);
+    auto q = rope_qkv(qkv, cos, sin, heads, kv_heads, head_dim, slots, k_caches[i], v_caches[i]);
+    auto a = paged_decode_attention(q, k_caches[i], v_caches[i], block_tables, context_lens, scale);
+    x = x + quant_matmul(a.view({B, heads * head_dim}), weights[4 * i + 1], qtypes[4 * i + 1], levels);
+    h = rms_norm(x, norms[2 * i + 1], eps);
+    auto gu = quant_matmul(h, weights[4 * i + 2], qtypes[4 * i + 2], levels);
+    x = x + quant_matmul(silu_mul(gu), weights[4 * i + 3], qtypes[4 * i + 3], levels);
+  }
+  return x;
+}
