@@ -81,11 +81,12 @@ class ModelRunner:
                 ctx_lens.append(start + 1)
                 logit_rows.append(len(input_ids) - 1)
                 row_owner.append((s, 1))
-            t = max_blocks * self.block_size
-            valid = torch.arange(t).unsqueeze(0) < torch.tensor(ctx_lens).unsqueeze(1)  # (B, T)
-            mask = torch.zeros(len(decodes), 1, 1, t).masked_fill(~valid[:, None, None, :], float("-inf"))
-            batch.decode_block_tables, batch.decode_mask = tables, mask
+            batch.decode_block_tables = tables
             batch.decode_context_lens = torch.tensor(ctx_lens, dtype=torch.long)
+            if getattr(self.model, "kernels", None) is None:  # fastmode's decode attention reads the lengths instead
+                t = max_blocks * self.block_size
+                valid = torch.arange(t).unsqueeze(0) < batch.decode_context_lens.unsqueeze(1)  # (B, T)
+                batch.decode_mask = torch.zeros(len(decodes), 1, 1, t).masked_fill(~valid[:, None, None, :], float("-inf"))
         batch.slot_mapping = torch.tensor(slots, dtype=torch.long)
 
         logits = self.model(
