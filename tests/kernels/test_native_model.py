@@ -22,7 +22,7 @@ def test_default_engine_runs_the_checkpoint_blocks(native):
     loaded = native.engine.loaded
     assert loaded.weight_format == "Q4_1+Q8_0"
     layer = loaded.model.layers[0]
-    assert isinstance(layer.self_attn.qkv_proj, QuantLinear) and layer.self_attn.qkv_proj.levels == 2
+    assert isinstance(layer.self_attn.qkv_proj, QuantLinear) and not layer.self_attn.qkv_proj.int8_activations
     assert isinstance(loaded.model.embed_tokens, QuantEmbedding)
     assert loaded.model.lm_head.qweight.data_ptr() == loaded.model.embed_tokens.qweight.data_ptr()  # tied, one copy
 
@@ -48,7 +48,7 @@ def test_native_speculation_is_lossless(native):
 def test_int8_activations_are_selectable():
     llm = LLM(weights="native-int8", speculative="off", draft_model=None)
     assert llm.engine.loaded.weight_format == "Q4_1+Q8_0+int8-activations"
-    assert llm.engine.loaded.model.layers[0].mlp.down_proj.levels == 1
+    assert llm.engine.loaded.model.layers[0].mlp.down_proj.int8_activations
     out = llm.generate(llm.tokenizer.apply_chat_template(QUESTION), SamplingParams(temperature=0.0, max_tokens=8))
     assert len(out[0].token_ids) == 8
 

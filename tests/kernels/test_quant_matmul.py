@@ -25,21 +25,15 @@ def blocks(qtype: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, np.
     return torch.from_numpy(np.ascontiguousarray(q)), dequantize(q, GGMLQuantizationType[qtype]).astype(np.float32)
 
 
-def reference_matmul(x: np.ndarray, w: np.ndarray, levels: int) -> np.ndarray:
-    """The documented arithmetic: each 32-value block of x is rounded (half to even) to int8 on the
-    grid amax/127; with two levels the residual is rounded again on a grid 254 times finer,
-    clamped to int8. Then x_hat @ w.T."""
+def reference_int8(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """llama.cpp's arithmetic as documented: each 32-value block of x rounded (half to even)
+    to int8 on the grid amax/127, then x_hat @ w.T."""
     m, k = x.shape
     xb = x.reshape(m, k // 32, 32).astype(np.float32)
     amax = np.abs(xb).max(-1, keepdims=True)
-    d1 = (amax / np.float32(127)).astype(np.float32)
-    inv1 = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-    q1 = np.rint(xb * inv1)
-    xhat = d1.astype(np.float64) * q1
-    if levels == 2:
-        rest = (xb - d1 * q1).astype(np.float32)
-        q2 = np.clip(np.rint(rest * (inv1 * np.float32(254))), -127, 127)
-        xhat = xhat + (d1 / np.float32(254)).astype(np.float64) * q2
+    d = (amax / np.float32(127)).astype(np.float32)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    xhat = d.astype(np.float64) * np.rint(xb * inv)
     return xhat.reshape(m, k) @ w.T.astype(np.float64)
 
 
@@ -53,45 +47,42 @@ def test_dequantize_is_exactly_ggufs(qtype):
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("levels", [1, 2])
-def test_matmul_matches_the_documented_arithmetic(qtype, levels):
+@pytest.mark.parametrize("int8", [False, True])
+def test_matmul_matches_the_documented_arithmetic(qtype, int8):
     raw, w = blocks(qtype, 70, 160, seed=1)
     x = torch.randn(9, 160, generator=torch.Generator().manual_seed(2))
     x[3, 5] = 40.0  # an outlier channel, as real activations have
-    got = K.quant_matmul(x, raw, QTYPES[qtype], levels).numpy()
-    ref = reference_matmul(x.numpy(), w, levels)
-    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
-    # Against exact fp32 activations: two levels are ~16-bit, one level is 8-bit.
+    got = K.quant_matmul(x, raw, QTYPES[qtype], int8).numpy()
     exact = x.double().numpy() @ w.T.astype(np.float64)
-    err = np.abs(got - exact).max() / np.abs(exact).max()
-    assert err < (1e-4 if levels == 2 else 3e-2), err
+    ref = reference_int8(x.numpy(), w) if int8 else exact
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+    if int8:  # 8-bit activations are visibly further from the exact product
+        assert 1e-4 < np.abs(got - exact).max() / np.abs(exact).max() < 3e-2
 
 
-@pytest.mark.parametrize("levels", [1, 2])
-def test_rows_do_not_depend_on_the_batch(levels):
+@pytest.mark.parametrize("int8", [False, True])
+def test_rows_do_not_depend_on_the_batch(int8):
     """Row i of a batched call is bit-identical to computing row i alone (speculative verification relies on it)."""
     raw, _ = blocks("Q4_1", 64, 128, seed=3)
     x = torch.randn(7, 128, generator=torch.Generator().manual_seed(4))
-    batched = K.quant_matmul(x, raw, QTYPES["Q4_1"], levels)
+    batched = K.quant_matmul(x, raw, QTYPES["Q4_1"], int8)
     for i in range(7):
-        assert torch.equal(K.quant_matmul(x[i : i + 1], raw, QTYPES["Q4_1"], levels)[0], batched[i])
-    assert torch.equal(K.quant_matmul(x[2:5], raw, QTYPES["Q4_1"], levels), batched[2:5])
+        assert torch.equal(K.quant_matmul(x[i : i + 1], raw, QTYPES["Q4_1"], int8)[0], batched[i])
+    assert torch.equal(K.quant_matmul(x[2:5], raw, QTYPES["Q4_1"], int8), batched[2:5])
 
 
 def test_bad_inputs_raise_clear_errors():
     raw, _ = blocks("Q8_0", 4, 64)
     x = torch.randn(2, 64)
     with pytest.raises(RuntimeError, match="weight rows hold"):
-        K.quant_matmul(x, raw, QTYPES["Q4_1"], 2)  # Q8_0 bytes read as Q4_1
+        K.quant_matmul(x, raw, QTYPES["Q4_1"], False)  # Q8_0 bytes read as Q4_1
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        K.quant_matmul(torch.randn(2, 48), raw[:, :51].contiguous(), QTYPES["Q8_0"], 2)
-    with pytest.raises(RuntimeError, match="levels must be 1 or 2"):
-        K.quant_matmul(x, raw, QTYPES["Q8_0"], 3)
+        K.quant_matmul(torch.randn(2, 48), raw[:, :51].contiguous(), QTYPES["Q8_0"], False)
     with pytest.raises(RuntimeError, match="unsupported ggml type"):
-        K.quant_matmul(x, raw, 12, 2)
+        K.quant_matmul(x, raw, 12, False)
     with pytest.raises(RuntimeError, match="out of range"):
         K.quant_dequantize(raw, QTYPES["Q8_0"], 64, torch.tensor([4]))
-    assert K.quant_matmul(torch.empty(0, 64), raw, QTYPES["Q8_0"], 2).shape == (0, 4)
+    assert K.quant_matmul(torch.empty(0, 64), raw, QTYPES["Q8_0"], False).shape == (0, 4)
 
 
 def test_paged_decode_attention_matches_gathered_attention():

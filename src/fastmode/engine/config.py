@@ -12,7 +12,7 @@ from fastmode.speculative.policy import SpecConfig
 class EngineConfig:
     model: str | None = None  # None = the embedded default model
     dtype: str = "auto"  # bf16 where the hardware has native bf16, else fp32 (see loader.load.resolve_dtype)
-    weights: str = "native"  # native: a GGUF file's Q4_0/Q4_1/Q8_0 blocks run as stored (~16-bit activations); native-int8: 8-bit activations; dequantize: expand to dtype
+    weights: str = "native"  # native: a GGUF file's Q4_0/Q4_1/Q8_0 blocks run as stored (fp32 activations); native-int8: int8 activations; dequantize: expand to dtype
     kv_cache_gib: float = 1.0  # KV cache size; sets the number of blocks
     block_size: int = 16
     max_num_seqs: int = 64

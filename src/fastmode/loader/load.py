@@ -95,7 +95,7 @@ def weight_format(model: torch.nn.Module) -> str:
     for m in model.modules():
         if isinstance(m, QuantLinear):
             found.add(names[m.qtype])
-            if m.levels == 1:
+            if m.int8_activations:
                 found.add("int8-activations")
         elif isinstance(m, torch.nn.Linear):
             found.add({torch.bfloat16: "bf16", torch.float16: "fp16"}.get(m.weight.dtype, "fp32"))
@@ -113,10 +113,10 @@ def load_model(
     export path), which is rebuilt on the default model it was distilled from.
 
     `weights="native"` runs a GGUF file's Q4_0/Q4_1/Q8_0 weights as stored,
-    with fastmode's kernels (CPU; activations quantized per 32-value block to
-    two int8 levels, about 16 bits); other tensors and formats are
-    dequantized. `"native-int8"` uses one int8 level, llama.cpp's arithmetic:
-    faster at larger batches, less faithful. `"dequantize"` expands every
+    with fastmode's kernels (CPU; blocks dequantized in registers, fp32
+    activations); other tensors and formats are dequantized at load.
+    `"native-int8"` quantizes activations to int8 per 32 values, llama.cpp's
+    arithmetic: less faithful. `"dequantize"` expands every
     weight to `dtype` (the reference path; what training uses)."""
     spark = _spark_source(model)
     if spark is not None:
@@ -150,8 +150,8 @@ def load_model(
 
         use_kernels(net, ops())
     if weights == "native-int8":
-        from fastmode.models.quant_linear import set_activation_levels
+        from fastmode.models.quant_linear import set_int8_activations
 
-        set_activation_levels(net, 1)
+        set_int8_activations(net, True)
     return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, name=name, path=path, dtype=torch_dtype,
                        weight_format=weight_format(net))

@@ -227,7 +227,7 @@ class LlamaModel(nn.Module):
             pack = self._decode_pack = _decode_pack(self)
         if not pack:
             return None
-        norms, weights, qtypes, levels = pack
+        norms, weights, qtypes, int8 = pack
         cfg = self.cfg
         k_caches, v_caches = [k for k, _ in kv_caches], [v for _, v in kv_caches]
 
@@ -236,18 +236,18 @@ class LlamaModel(nn.Module):
             return kernels.decode_layers(
                 x, norms, weights, qtypes, k_caches, v_caches, rope[0].reshape(n, -1), rope[1].reshape(n, -1),
                 batch.slot_mapping, batch.decode_block_tables, batch.decode_context_lens,
-                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, cfg.head_dim**-0.5, levels,
+                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, cfg.head_dim**-0.5, int8,
             )
 
         return run
 
 
 def _decode_pack(model: LlamaModel) -> tuple | tuple[()]:
-    """(norm weights, block weights, ggml types, activation levels) for `decode_layers`,
-    or () when some layer cannot run fused (fp32 linears, a q/k/v bias, mixed levels)."""
+    """(norm weights, block weights, ggml types, int8 activations) for `decode_layers`,
+    or () when some layer cannot run fused (fp32 linears, a q/k/v bias, mixed activation modes)."""
     from fastmode.models.quant_linear import QuantLinear
 
-    norms, weights, qtypes, levels = [], [], [], set()
+    norms, weights, qtypes, int8 = [], [], [], set()
     for layer in model.layers:
         linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
         if not all(isinstance(m, QuantLinear) and m.bias is None for m in linears):
@@ -255,10 +255,10 @@ def _decode_pack(model: LlamaModel) -> tuple | tuple[()]:
         norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
         weights += [m.qweight for m in linears]
         qtypes += [m.qtype for m in linears]
-        levels |= {m.levels for m in linears}
-    if len(levels) != 1:
+        int8 |= {m.int8_activations for m in linears}
+    if len(int8) != 1:
         return ()
-    return norms, weights, qtypes, levels.pop()
+    return norms, weights, qtypes, int8.pop()
 
 
 def use_kernels(model: nn.Module, kernels) -> None:

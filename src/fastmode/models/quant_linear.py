@@ -63,14 +63,14 @@ def _ops():
 class QuantLinear(nn.Module):
     """y = x W^T (+ b) with W in ggml blocks; x is fp32, y is fp32.
 
-    The kernel quantizes each 32-value block of x on the fly: `levels=2` (the
-    default) stores it as two int8 levels (x ~ d1 q1 + d2 q2, about 16 bits),
-    `levels=1` as one (8 bits, llama.cpp's arithmetic).
+    The kernel dequantizes each weight block in registers and multiplies the
+    fp32 activations; with `int8_activations` it instead quantizes each
+    32-value block of x to int8 on the fly (llama.cpp's arithmetic).
     """
 
-    def __init__(self, weight: QuantTensor, bias: torch.Tensor | None = None, levels: int = 2):
+    def __init__(self, weight: QuantTensor, bias: torch.Tensor | None = None, int8_activations: bool = False):
         super().__init__()
-        self.levels = levels
+        self.int8_activations = int8_activations
         self.out_features, self.in_features = weight.shape
         self.qtype = weight.qtype
         self.register_buffer("qweight", weight.data, persistent=False)
@@ -79,14 +79,14 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = self._k.quant_matmul(x.reshape(-1, self.in_features).float(), self.qweight, self.qtype, self.levels)
+        y = self._k.quant_matmul(x.reshape(-1, self.in_features).float(), self.qweight, self.qtype, self.int8_activations)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         name = {v: k for k, v in GGML_TYPES.items()}[self.qtype]
-        return f"in_features={self.in_features}, out_features={self.out_features}, format={name}, levels={self.levels}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={name}, int8_activations={self.int8_activations}"
 
 
 class QuantEmbedding(nn.Module):
@@ -112,12 +112,10 @@ class QuantEmbedding(nn.Module):
         return QuantLinear(QuantTensor(self.qweight, self.qtype, (self.num_embeddings, self.embedding_dim)))
 
 
-def set_activation_levels(model: nn.Module, levels: int) -> None:
-    """Activation precision of every QuantLinear in `model`: 2 (~16-bit) or 1 (8-bit)."""
-    if levels not in (1, 2):
-        raise ValueError(f"activation levels must be 1 or 2, got {levels}")
+def set_int8_activations(model: nn.Module, on: bool) -> None:
+    """Whether every QuantLinear in `model` quantizes its input to int8 (else fp32 activations)."""
     for m in model.modules():
         if isinstance(m, QuantLinear):
-            m.levels = levels
+            m.int8_activations = on
         if hasattr(m, "_decode_pack"):
-            m._decode_pack = None  # a LlamaModel's fused-decode arguments carry the levels
+            m._decode_pack = None  # a LlamaModel's fused-decode arguments carry the mode

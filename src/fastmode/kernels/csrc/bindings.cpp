@@ -1,7 +1,7 @@
 // Python bindings for fastmode's CPU kernels (built on first use by fastmode.kernels).
 #include <torch/extension.h>
 
-torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t levels);
+torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, bool int8_activations);
 torch::Tensor quant_dequantize(torch::Tensor w, int64_t qtype, int64_t k, torch::Tensor rows);
 bool has_avx2();
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -15,10 +15,10 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> norms, s
                             std::vector<torch::Tensor> v_caches, torch::Tensor cos, torch::Tensor sin,
                             torch::Tensor slots, torch::Tensor block_tables, torch::Tensor context_lens,
                             int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
-                            int64_t levels);
+                            bool int8_activations);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("quant_matmul", &quant_matmul, "x (M,K) fp32 @ W^T, W in ggml blocks (N, row_bytes) uint8 -> (M,N) fp32; levels: 1 = 8-bit, 2 = ~16-bit activations");
+  m.def("quant_matmul", &quant_matmul, "x (M,K) fp32 @ W^T, W in ggml blocks (N, row_bytes) uint8 -> (M,N) fp32; optionally int8 activations");
   m.def("quant_dequantize", &quant_dequantize, "rows of a ggml-block weight -> fp32 (all rows if `rows` is empty)");
   m.def("paged_decode_attention", &paged_decode_attention, "one query per sequence over a paged KV cache, fp32");
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, fp32");

@@ -8,7 +8,7 @@
 
 #include <vector>
 
-torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t levels);
+torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, bool int8_activations);
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
@@ -70,20 +70,20 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> norms, s
                             std::vector<torch::Tensor> v_caches, torch::Tensor cos, torch::Tensor sin,
                             torch::Tensor slots, torch::Tensor block_tables, torch::Tensor context_lens,
                             int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
-                            int64_t levels) {
+                            bool int8_activations) {
   const size_t L = k_caches.size();
   TORCH_CHECK(norms.size() == 2 * L && weights.size() == 4 * L && qtypes.size() == 4 * L && v_caches.size() == L,
               "decode_layers: 2 norms, 4 weights and one K/V cache pair per layer");
   const int64_t B = x.size(0);
   for (size_t i = 0; i < L; ++i) {
     auto h = rms_norm(x, norms[2 * i], eps);
-    auto qkv = quant_matmul(h, weights[4 * i], qtypes[4 * i], levels);
+    auto qkv = quant_matmul(h, weights[4 * i], qtypes[4 * i], int8_activations);
     auto q = rope_qkv(qkv, cos, sin, heads, kv_heads, head_dim, slots, k_caches[i], v_caches[i]);
     auto a = paged_decode_attention(q, k_caches[i], v_caches[i], block_tables, context_lens, scale);
-    x = x + quant_matmul(a.view({B, heads * head_dim}), weights[4 * i + 1], qtypes[4 * i + 1], levels);
+    x = x + quant_matmul(a.view({B, heads * head_dim}), weights[4 * i + 1], qtypes[4 * i + 1], int8_activations);
     h = rms_norm(x, norms[2 * i + 1], eps);
-    auto gu = quant_matmul(h, weights[4 * i + 2], qtypes[4 * i + 2], levels);
-    x = x + quant_matmul(silu_mul(gu), weights[4 * i + 3], qtypes[4 * i + 3], levels);
+    auto gu = quant_matmul(h, weights[4 * i + 2], qtypes[4 * i + 2], int8_activations);
+    x = x + quant_matmul(silu_mul(gu), weights[4 * i + 3], qtypes[4 * i + 3], int8_activations);
   }
   return x;
 }

@@ -107,78 +107,118 @@ inline float hsum(__m256 v) {
 }
 #endif
 
+template <int QT>
+constexpr int64_t kBlockBytes = QT == kQ4_0 ? 18 : QT == kQ4_1 ? 20 : 34;
+
+// ---- fp32 activations (the default) ----------------------------------------
+// Each weight block is dequantized in registers to the exact values the file
+// encodes (d q + m) and multiplied with the fp32 activations. Every row keeps
+// four accumulators, one per 8-wide segment of a block, and sums them the same
+// way whatever MR is: a row's result does not depend on the batch it was
+// computed in (speculative verification stays exact). Two rows share each
+// dequantized block; four would spill registers.
+
+#if FM_AVX2
+template <int QT, int MR>
+inline void dot_rows_f32(const uint8_t* wrow, int64_t nb, const float* x, int64_t ldx, float* out, int64_t ldo) {
+  constexpr int64_t BB = kBlockBytes<QT>;
+  __m256 acc[MR][4];
+  for (int r = 0; r < MR; ++r)
+    for (int s = 0; s < 4; ++s) acc[r][s] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256 w0, w1, w2, w3;
+    dequant_block_avx2(QT, wrow + b * BB, w0, w1, w2, w3);
+    for (int r = 0; r < MR; ++r) {
+      const float* xb = x + r * ldx + b * kBlock;
+      acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), acc[r][1]);
+      acc[r][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), acc[r][2]);
+      acc[r][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), acc[r][3]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    out[r * ldo] = hsum(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3])));
+}
+
+template <int QT>
+void matmul_f32(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, float* op) {
+  const int64_t nb = K / kBlock;
+  constexpr int64_t kChunk = 32;  // weight rows per task (cache resident), swept by every 2-row tile of x
+  at::parallel_for(0, (N + kChunk - 1) / kChunk, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t n0 = c * kChunk, n1 = std::min(N, n0 + kChunk);
+      int64_t m = 0;
+      for (; m + 2 <= M; m += 2)
+        for (int64_t n = n0; n < n1; ++n) dot_rows_f32<QT, 2>(wp + n * row_bytes, nb, xp + m * K, K, op + m * N + n, N);
+      for (; m < M; ++m)
+        for (int64_t n = n0; n < n1; ++n) dot_rows_f32<QT, 1>(wp + n * row_bytes, nb, xp + m * K, K, op + m * N + n, N);
+    }
+  });
+}
+#else
+template <int QT>
+void matmul_f32(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, float* op) {
+  const int64_t nb = K / kBlock;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    float w[kBlock];
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t m = 0; m < M; ++m) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; ++b) {
+          dequant_block_scalar(QT, wp + n * row_bytes + b * kBlockBytes<QT>, w);
+          for (int j = 0; j < kBlock; ++j) acc += w[j] * xp[m * K + b * kBlock + j];
+        }
+        op[m * N + n] = acc;
+      }
+  });
+}
+#endif
+
+// ---- int8 activations (llama.cpp's arithmetic) -----------------------------
 // Activations are quantized per 32-element block to int8 with one fp32 scale
 // (symmetric, amax/127, round to nearest even), as llama.cpp does for its CPU
 // quantized matmuls. The block dot product is then exact integer arithmetic:
 //   sum_j (d q_j + m) x_j  ~=  d * dx * sum_j q_j xq_j  +  m * dx * sum_j xq_j,
 // i.e. the checkpoint's exact weights times the quantized activations (the
 // offset term uses the quantized sum too, so the error is sum_j w_j e_j with
-// centred weights, not sum_j (w_j - m) e_j).
-//
-// With `levels` = 2 the rounding residual of each block is quantized again on
-// a grid 254 times finer (x ~= dx (254 q1 + q2) with dx = amax/127/254; the
-// residual is at most half a step of the first grid, so q2 fits in int8): about
-// 16-bit activations. The two integer dot products combine exactly in int32
-// (vpmaddwd multiplies the first by 254 for free), so the second level costs
-// one more multiply pair per block and nothing else. Decode at small batch is
-// bound by streaming the weights, so it costs little there; it keeps the fp32
-// model's answers where 8-bit activations (levels = 1) drift on small models.
-//
-// Each row of x is quantized and reduced on its own, with the same operations
-// whatever else is in the batch: a row's result does not depend on the batch
-// it was computed in (speculative verification stays exact).
-constexpr int32_t kLevelRatio = 254;
-
+// centred weights, not sum_j (w_j - m) e_j). Each row is quantized and reduced
+// on its own, so results do not depend on the batch here either.
 struct QuantRows {
-  int levels;
-  std::vector<int8_t> q;    // (levels, M, K)
-  std::vector<float> d;     // (M, K/32) block scale of one unit of the combined integer value
-  std::vector<float> sum;   // (M, K/32) block sums of the quantized values, d * sum(combined q)
-  int64_t plane_q;          // stride between levels
+  std::vector<int8_t> q;    // (M, K)
+  std::vector<float> d;     // (M, K/32) block scales
+  std::vector<float> sum;   // (M, K/32) d * sum(q) per block
 };
 
-QuantRows quantize_rows(const float* x, int64_t M, int64_t K, int levels) {
+QuantRows quantize_rows(const float* x, int64_t M, int64_t K) {
   const int64_t nb = K / kBlock;
-  QuantRows r{levels, std::vector<int8_t>(levels * M * K), std::vector<float>(M * nb), std::vector<float>(M * nb),
-              M * K};
+  QuantRows r{std::vector<int8_t>(M * K), std::vector<float>(M * nb), std::vector<float>(M * nb)};
   at::parallel_for(0, M * nb, 256, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const float* xb = x + i * kBlock;  // rows are contiguous: block i of the flattened x
       float amax = 0.0f;
       for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
-      const float d1 = amax / 127.0f, id1 = amax > 0.0f ? 127.0f / amax : 0.0f;
-      const float d2 = d1 / kLevelRatio, id2 = id1 * kLevelRatio;
-      int8_t* q1 = r.q.data() + i * kBlock;
-      int8_t* q2 = q1 + r.plane_q;
+      const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int8_t* q = r.q.data() + i * kBlock;
       int32_t qsum = 0;
       for (int j = 0; j < kBlock; ++j) {
-        q1[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id1));
-        if (levels == 1) {
-          qsum += q1[j];
-          continue;
-        }
-        const float rest = xb[j] - d1 * q1[j];
-        q2[j] = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, std::nearbyint(rest * id2))));
-        qsum += kLevelRatio * q1[j] + q2[j];
+        q[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
+        qsum += q[j];
       }
-      r.d[i] = levels == 1 ? d1 : d2;
-      r.sum[i] = r.d[i] * static_cast<float>(qsum);
+      r.d[i] = d;
+      r.sum[i] = d * static_cast<float>(qsum);
     }
   });
   return r;
 }
 
-template <int QT>
-constexpr int64_t kBlockBytes = QT == kQ4_0 ? 18 : QT == kQ4_1 ? 20 : 34;
-
 #if FM_AVX2
-// One weight block against MR rows of quantized activations (L levels),
-// accumulated into acc[r]; returns the block's additive term m (0 for Q8_0),
-// which dot_rows applies to the rows' block sums at the end.
-template <int QT, int MR, int L>
-inline float dot_block(const uint8_t* blk, const int8_t* xq, const float* xd, int64_t ldq, int64_t lds,
-                       int64_t plane_q, __m256* acc) {
-  const __m256i ones = _mm256_set1_epi16(1), ratio = _mm256_set1_epi16(kLevelRatio);
+// One weight block against MR rows of quantized activations, accumulated into
+// acc[r]; returns the block's additive term m (0 for Q8_0), which dot_rows_int8
+// applies to the rows' block sums at the end.
+template <int QT, int MR>
+inline float dot_block_int8(const uint8_t* blk, const int8_t* xq, const float* xd, int64_t ldq, int64_t lds,
+                            __m256* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
   const float d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
   float m = 0.0f;
   __m256i w;  // Q4: 32 unsigned nibbles; Q8_0: signed bytes, sign moved onto x below
@@ -193,17 +233,9 @@ inline float dot_block(const uint8_t* blk, const int8_t* xq, const float* xd, in
   const __m256i wabs = QT == kQ8_0 ? _mm256_sign_epi8(w, w) : w;
   const __m256 dv = _mm256_set1_ps(d);
   for (int r = 0; r < MR; ++r) {
-    __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * ldq));
-    if constexpr (QT == kQ8_0) x1 = _mm256_sign_epi8(x1, w);
-    __m256i dot;
-    if constexpr (L == 1) {
-      dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, x1), ones);
-    } else {  // 254 * (w . q1) + w . q2, exact in int32
-      __m256i x2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + plane_q + r * ldq));
-      if constexpr (QT == kQ8_0) x2 = _mm256_sign_epi8(x2, w);
-      dot = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wabs, x1), ratio),
-                             _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, x2), ones));
-    }
+    __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * ldq));
+    if constexpr (QT == kQ8_0) xv = _mm256_sign_epi8(xv, w);
+    const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xv), ones);
     const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(xd + r * lds));
     acc[r] = _mm256_fmadd_ps(dv, t, acc[r]);
   }
@@ -211,90 +243,94 @@ inline float dot_block(const uint8_t* blk, const int8_t* xq, const float* xd, in
 }
 
 // out[r * ldo] = row `row0 + r` of x times weight row `wrow`, for MR rows at
-// once (each weight block is unpacked once and shared). Even and odd blocks
-// go to separate accumulators so the FMA chain is not latency bound.
-template <int QT, int MR, int L>
-inline void dot_rows(const uint8_t* wrow, int64_t nb, const QuantRows& x, int64_t row0, int64_t K, float* out,
-                     int64_t ldo) {
+// once. Even and odd blocks go to separate accumulators so the FMA chain is
+// not latency bound.
+template <int QT, int MR>
+inline void dot_rows_int8(const uint8_t* wrow, int64_t nb, const QuantRows& x, int64_t row0, int64_t K, float* out,
+                          int64_t ldo) {
   constexpr int64_t BB = kBlockBytes<QT>;
   const int8_t* xq = x.q.data() + row0 * K;
   const float* xd = x.d.data() + row0 * nb;
   const float* xs = x.sum.data() + row0 * nb;
-  const int64_t pq = x.plane_q;
   float mblk[kMaxBlocks];
   __m256 even[MR], odd[MR];
   for (int r = 0; r < MR; ++r) even[r] = odd[r] = _mm256_setzero_ps();
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {
-    mblk[b] = dot_block<QT, MR, L>(wrow + b * BB, xq + b * kBlock, xd + b, K, nb, pq, even);
-    mblk[b + 1] = dot_block<QT, MR, L>(wrow + (b + 1) * BB, xq + (b + 1) * kBlock, xd + b + 1, K, nb, pq, odd);
+    mblk[b] = dot_block_int8<QT, MR>(wrow + b * BB, xq + b * kBlock, xd + b, K, nb, even);
+    mblk[b + 1] = dot_block_int8<QT, MR>(wrow + (b + 1) * BB, xq + (b + 1) * kBlock, xd + b + 1, K, nb, odd);
   }
-  if (b < nb) mblk[b] = dot_block<QT, MR, L>(wrow + b * BB, xq + b * kBlock, xd + b, K, nb, pq, even);
+  if (b < nb) mblk[b] = dot_block_int8<QT, MR>(wrow + b * BB, xq + b * kBlock, xd + b, K, nb, even);
   for (int r = 0; r < MR; ++r) {
     float mterm = 0.0f;
-    if constexpr (QT != kQ8_0)
-      for (int64_t j = 0; j < nb; ++j) mterm += mblk[j] * xs[r * nb + j];
+    if constexpr (QT != kQ8_0) {  // four partial sums: one serial chain of nb FMAs would stall a row
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      int64_t j = 0;
+      for (; j + 4 <= nb; j += 4)
+        for (int u = 0; u < 4; ++u) part[u] += mblk[j + u] * xs[r * nb + j + u];
+      for (; j < nb; ++j) part[0] += mblk[j] * xs[r * nb + j];
+      mterm = (part[0] + part[1]) + (part[2] + part[3]);
+    }
     out[r * ldo] = hsum(_mm256_add_ps(even[r], odd[r])) + mterm;
   }
 }
 
-template <int QT, int L>
-void matmul_avx2(const QuantRows& xq, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes,
+template <int QT>
+void matmul_int8(const QuantRows& xq, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes,
                  float* op) {
-  const int64_t nblocks = K / kBlock;
-  // A task owns a chunk of weight rows (kept in L1/L2) and sweeps 4-row tiles
-  // of x over it, so both the weight chunk and the x tile stay cache resident.
+  const int64_t nb = K / kBlock;
   constexpr int64_t kChunk = 32;
   at::parallel_for(0, (N + kChunk - 1) / kChunk, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t n0 = c * kChunk, n1 = std::min(N, n0 + kChunk);
       int64_t m = 0;
       for (; m + 4 <= M; m += 4)
-        for (int64_t n = n0; n < n1; ++n) dot_rows<QT, 4, L>(wp + n * row_bytes, nblocks, xq, m, K, op + m * N + n, N);
+        for (int64_t n = n0; n < n1; ++n) dot_rows_int8<QT, 4>(wp + n * row_bytes, nb, xq, m, K, op + m * N + n, N);
       for (; m + 2 <= M; m += 2)
-        for (int64_t n = n0; n < n1; ++n) dot_rows<QT, 2, L>(wp + n * row_bytes, nblocks, xq, m, K, op + m * N + n, N);
+        for (int64_t n = n0; n < n1; ++n) dot_rows_int8<QT, 2>(wp + n * row_bytes, nb, xq, m, K, op + m * N + n, N);
       for (; m < M; ++m)
-        for (int64_t n = n0; n < n1; ++n) dot_rows<QT, 1, L>(wp + n * row_bytes, nblocks, xq, m, K, op + m * N + n, N);
+        for (int64_t n = n0; n < n1; ++n) dot_rows_int8<QT, 1>(wp + n * row_bytes, nb, xq, m, K, op + m * N + n, N);
     }
   });
 }
-
-template <int L>
-void matmul_dispatch(const QuantRows& xq, int64_t qtype, int64_t M, int64_t K, const uint8_t* wp, int64_t N,
-                     int64_t row_bytes, float* op) {
-  if (qtype == kQ4_0) matmul_avx2<kQ4_0, L>(xq, M, K, wp, N, row_bytes, op);
-  else if (qtype == kQ4_1) matmul_avx2<kQ4_1, L>(xq, M, K, wp, N, row_bytes, op);
-  else matmul_avx2<kQ8_0, L>(xq, M, K, wp, N, row_bytes, op);
+#else
+// The portable path: the same quantized-activation arithmetic, one element at a time.
+template <int QT>
+void matmul_int8(const QuantRows& xq, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes,
+                 float* op) {
+  const int64_t nb = K / kBlock;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t row = 0; row < M; ++row) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; ++b) {
+          const uint8_t* blk = wp + n * row_bytes + b * kBlockBytes<QT>;
+          const int64_t i = row * nb + b;
+          const int8_t* xs = xq.q.data() + i * kBlock;
+          const float d = half_to_float(blk);
+          int32_t dot = 0;
+          float m = 0.0f;
+          if (QT == kQ8_0) {
+            const int8_t* qs = reinterpret_cast<const int8_t*>(blk + 2);
+            for (int j = 0; j < kBlock; ++j) dot += qs[j] * xs[j];
+          } else {
+            const uint8_t* qs = blk + (QT == kQ4_1 ? 4 : 2);
+            for (int j = 0; j < 16; ++j) dot += (qs[j] & 0x0F) * xs[j] + (qs[j] >> 4) * xs[j + 16];
+            m = QT == kQ4_1 ? half_to_float(blk + 2) : -8.0f * d;
+          }
+          acc += d * xq.d[i] * static_cast<float>(dot) + m * xq.sum[i];
+        }
+        op[row * N + n] = acc;
+      }
+  });
 }
 #endif
 
-// The portable path: the same quantized-activation arithmetic, one element at a time.
-void dot_row_scalar(int64_t qtype, const uint8_t* wrow, int64_t nblocks, int64_t bbytes, const QuantRows& xq,
-                    int64_t row, float* out) {
-  float acc = 0.0f;
-  for (int64_t b = 0; b < nblocks; ++b) {
-    const uint8_t* blk = wrow + b * bbytes;
-    const int64_t i = row * nblocks + b;
-    const float d = half_to_float(blk);
-    float m = 0.0f;
-    int32_t combined = 0;
-    for (int l = 0; l < xq.levels; ++l) {
-      const int8_t* xs = xq.q.data() + l * xq.plane_q + i * kBlock;
-      int32_t dot = 0;
-      if (qtype == kQ8_0) {
-        const int8_t* qs = reinterpret_cast<const int8_t*>(blk + 2);
-        for (int j = 0; j < kBlock; ++j) dot += qs[j] * xs[j];
-      } else {
-        const uint8_t* qs = blk + (qtype == kQ4_1 ? 4 : 2);
-        for (int j = 0; j < 16; ++j) dot += (qs[j] & 0x0F) * xs[j] + (qs[j] >> 4) * xs[j + 16];
-        m = qtype == kQ4_1 ? half_to_float(blk + 2) : -8.0f * d;
-      }
-      combined += (l == 0 && xq.levels == 2 ? kLevelRatio : 1) * dot;
-    }
-    const float t = static_cast<float>(combined) * xq.d[i];
-    acc += d * t + m * xq.sum[i];
-  }
-  *out = acc;
+template <int QT>
+void matmul(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, float* op,
+            bool int8_activations) {
+  if (int8_activations) matmul_int8<QT>(quantize_rows(xp, M, K), M, K, wp, N, row_bytes, op);
+  else matmul_f32<QT>(xp, M, K, wp, N, row_bytes, op);
 }
 
 void check_weight(const torch::Tensor& w, int64_t qtype, int64_t k) {
@@ -308,30 +344,23 @@ void check_weight(const torch::Tensor& w, int64_t qtype, int64_t k) {
 
 }  // namespace
 
-// x: (M, K) fp32; w: (N, K/32 * block_bytes) uint8; levels: 1 (8-bit) or 2 (~16-bit activations).
-// Returns (M, N) fp32.
-torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t levels) {
-  TORCH_CHECK(levels == 1 || levels == 2, "fastmode kernels: activation levels must be 1 or 2, got ", levels);
+// x: (M, K) fp32; w: (N, K/32 * block_bytes) uint8. Returns (M, N) fp32.
+// int8_activations: quantize x per 32-value block to int8 (llama.cpp's
+// arithmetic) instead of multiplying the fp32 values.
+torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, bool int8_activations) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "fastmode kernels: x must be 2-D fp32");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_weight(w, qtype, K);
   x = x.contiguous();
   auto out = torch::empty({M, N}, x.options());
-  const int64_t bbytes = block_bytes(qtype), nblocks = K / kBlock, row_bytes = w.size(1);
+  if (M == 0) return out;
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  if (M == 0) return out;
-  const QuantRows xq = quantize_rows(xp, M, K, static_cast<int>(levels));
-#if FM_AVX2
-  if (levels == 1) matmul_dispatch<1>(xq, qtype, M, K, wp, N, row_bytes, op);
-  else matmul_dispatch<2>(xq, qtype, M, K, wp, N, row_bytes, op);
-#else
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n)
-      for (int64_t m = 0; m < M; ++m) dot_row_scalar(qtype, wp + n * row_bytes, nblocks, bbytes, xq, m, op + m * N + n);
-  });
-#endif
+  const int64_t row_bytes = w.size(1);
+  if (qtype == kQ4_0) matmul<kQ4_0>(xp, M, K, wp, N, row_bytes, op, int8_activations);
+  else if (qtype == kQ4_1) matmul<kQ4_1>(xp, M, K, wp, N, row_bytes, op, int8_activations);
+  else matmul<kQ8_0>(xp, M, K, wp, N, row_bytes, op, int8_activations);
   return out;
 }
 
