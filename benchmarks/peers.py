@@ -152,7 +152,7 @@ def worker_fastmode(args: argparse.Namespace, info: dict) -> dict:
     if loaded.weight_format in ("fp32", "bf16"):
         precision = f"{loaded.weight_format} (dequantized from {info['quant']})"
     else:
-        acts = "8-bit" if "int8-activations" in loaded.weight_format else "~16-bit (2x int8)"
+        acts = "int8" if "int8-activations" in loaded.weight_format else "fp32"
         precision = f"{loaded.weight_format.replace('+int8-activations', '')} GGUF (as stored), {acts} activations"
     config = "default EngineConfig" if args.fastmode_weights == "native" else f"weights={args.fastmode_weights}"
     return {"engine": "fastmode", "version": fastmode.__version__, "precision": precision,
@@ -180,7 +180,7 @@ def worker_llama_cpp_python(args: argparse.Namespace, info: dict) -> dict:
 
     rows = [diff_method(run, b, args, info["vocab_size"]) for b in args.batch_list if b == 1]
     return {"engine": "llama-cpp-python", "version": llama_cpp.__version__,
-            "precision": f"{info['quant']} GGUF (as stored), f16 KV",
+            "precision": f"{info['quant']} GGUF (as stored), int8 activations, f16 KV",
             "config": "Llama.generate, greedy, batch 1 only (the Python API decodes one sequence)", "rows": rows}
 
 
@@ -314,7 +314,7 @@ def run_llama_cpp(args: argparse.Namespace, info: dict) -> dict:
                      "method": f"llama-batched-bench S_TG = B*TG / T_TG, median of {len(got)}"})
     return {"engine": "llama.cpp", "version": f"vendored by llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}",
             "binary": str(exe), "command": " ".join(cmd),
-            "precision": f"{info['quant']} GGUF (as stored), f16 KV",
+            "precision": f"{info['quant']} GGUF (as stored), int8 activations, f16 KV",
             "config": "llama-batched-bench, prompts not shared", "rows": rows}
 
 

@@ -378,15 +378,19 @@ def main(argv: list[str] | None = None) -> int:
     res: dict = {"benchmark": "peers_http", "machine": machine(), "model": info, "settings": {
         k: v for k, v in vars(args).items() if k not in ("out",)}, "peers": [], "fast_tier": None, "skipped": {}}
 
-    fastmode_precision = "fp32/bf16 per `dtype auto` (see its log)"
-    try:
+    fastmode_precision = "see its log"
+    try:  # a label: what `fastmode serve` runs by default on this machine
+        from fastmode.kernels import ops
         from fastmode.loader.load import resolve_dtype
 
-        fastmode_precision = {"float32": "fp32", "bfloat16": "bf16"}.get(resolve_dtype("auto"), "?") + \
-            f" (dequantized from {info['quant']})"
+        dtype = resolve_dtype("auto")
+        if dtype == "float32" and ops() is not None and info["quant"] in ("Q4_0", "Q4_1", "Q8_0"):
+            fastmode_precision = f"{info['quant']} GGUF (as stored), fp32 activations"
+        else:
+            fastmode_precision = f"{dtype} (dequantized from {info['quant']})"
     except Exception:  # noqa: BLE001 -- a label only
         pass
-    plan = [("llama-server", f"{info['quant']} GGUF (as stored), f16 KV", lambda: llama_server(args, model, logs)),
+    plan = [("llama-server", f"{info['quant']} GGUF (as stored), int8 activations, f16 KV", lambda: llama_server(args, model, logs)),
             ("fastmode", fastmode_precision, lambda: fastmode_server(args, model, logs))]
     for name, precision, make in plan:
         if name in skip:
