@@ -31,7 +31,8 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """The x86 feature flags of this machine's CPU (empty where /proc/cpuinfo has none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -46,7 +47,7 @@ def compile_flags() -> list[str]:
     """-O3, OpenMP (at::parallel_for is inlined and needs it) and, on x86 CPUs
     that have them, AVX2/FMA/F16C. The library is built for this machine."""
     flags = ["-O3", "-fopenmp"]
-    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= _cpu_flags():
+    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= cpu_flags():
         flags += ["-mavx2", "-mfma", "-mf16c"]
     return flags
 

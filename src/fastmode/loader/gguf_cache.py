@@ -15,8 +15,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from fastmode.env import cache_dir
 
 log = logging.getLogger(__name__)

@@ -29,11 +29,10 @@ def resolve_dtype(dtype: str) -> str:
         return dtype
     if torch.cuda.is_available():
         return "bfloat16"
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        flags = ""
-    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
+    from fastmode.kernels import cpu_flags
+
+    flags = cpu_flags()
+    return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
 
 
 @dataclass
