@@ -410,7 +410,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # What a worker subprocess needs to see the same settings.
     args.passthrough = ["--threads", str(args.threads), "--npp", str(args.npp), "--ntg", str(args.ntg),
                         "--batches", args.batches, "--repeats", str(args.repeats), "--seed", str(args.seed),
-                        "--vllm-gpu-memory-utilization", str(args.vllm_gpu_memory_utilization)]
+                        "--vllm-gpu-memory-utilization", str(args.vllm_gpu_memory_utilization),
+                        "--fastmode-weights", args.fastmode_weights]
     if args.model:
         args.passthrough += ["--model", args.model]
     for flag, val in (("--vllm-tokenizer", args.vllm_tokenizer), ("--vllm-model", args.vllm_model)):
