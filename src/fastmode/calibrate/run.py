@@ -26,8 +26,12 @@ class CalibrationRun:
 
 
 def engine_model_spec(loaded: LoadedModel) -> tuple[ModelSpec, str]:
-    """(ModelSpec, weight format) of a loaded engine model; GGUF weights are dequantised on load."""
-    fmt = "fp32" if str(loaded.dtype).endswith("float32") else "bf16"
+    """(ModelSpec, planner weight format) of a loaded engine model: the bytes its linears read per
+    step. GGUF blocks run natively map to the *-native formats; dequantized weights to fp32/bf16."""
+    native = {"Q4_1+Q8_0": "q4_1-native", "Q8_0": "q8_0-native"}
+    fmt = native.get(loaded.weight_format.replace("+int8-activations", ""))
+    if fmt is None:
+        fmt = "fp32" if str(loaded.dtype).endswith("float32") else "bf16"
     return ModelSpec.from_config(loaded.name, loaded.config, default_format=fmt), fmt
 
 
