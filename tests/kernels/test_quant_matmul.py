@@ -68,7 +68,8 @@ def test_rows_do_not_depend_on_the_batch(int8):
     batched = K.quant_matmul(x, raw, QTYPES["Q4_1"], int8)
     for i in range(7):
         assert torch.equal(K.quant_matmul(x[i : i + 1], raw, QTYPES["Q4_1"], int8)[0], batched[i])
-    assert torch.equal(K.quant_matmul(x[2:5], raw, QTYPES["Q4_1"], int8), batched[2:5])
+    for lo, hi in ((2, 4), (2, 5), (1, 6)):  # every register-tile height: 1-3 rows and 4 + remainder
+        assert torch.equal(K.quant_matmul(x[lo:hi], raw, QTYPES["Q4_1"], int8), batched[lo:hi])
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -85,9 +86,13 @@ def test_bad_inputs_raise_clear_errors():
     assert K.quant_matmul(torch.empty(0, 64), raw, QTYPES["Q8_0"], False).shape == (0, 4)
 
 
-def test_paged_decode_attention_matches_gathered_attention():
+@pytest.mark.parametrize(
+    "heads,kvh,hd",
+    [(9, 3, 16), (16, 2, 32), (4, 4, 8)],  # 3 query heads per KV head; 8 (two register tiles); head_dim 8 (scalar path)
+)
+def test_paged_decode_attention_matches_gathered_attention(heads, kvh, hd):
     g = torch.Generator().manual_seed(5)
-    blocks_, bs, kvh, hd, heads = 12, 4, 3, 16, 9
+    blocks_, bs = 12, 4
     k_cache, v_cache = torch.randn(blocks_, bs, kvh, hd, generator=g), torch.randn(blocks_, bs, kvh, hd, generator=g)
     tables = torch.tensor([[5, 2, 9, 0], [7, 0, 0, 0], [1, 3, 11, 4]])
     lens = torch.tensor([10, 1, 16])

@@ -6,6 +6,7 @@ detokenize -> meter. Everything async (the server) wraps this loop.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import time
@@ -52,6 +53,22 @@ class _Tracked:
     pending: list[int] = field(default_factory=list)
 
 
+_frozen = False
+
+
+def _freeze_startup_objects() -> None:
+    """Move everything allocated so far (the model, the tokenizer, imported modules) out of the
+    garbage collector's generations, once per process: it lives as long as the process, and the
+    collections that per-step allocations trigger then scan only young objects (profiled at ~8%
+    of a batch-1 decode step without this). Later engines in the same process (tests) are not
+    frozen, so they are collected normally."""
+    global _frozen
+    if not _frozen:
+        gc.collect()
+        gc.freeze()
+        _frozen = True
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig = EngineConfig(), loaded: LoadedModel | None = None):
         self.config = config
@@ -79,6 +96,7 @@ class LLMEngine:
         self.busy_s = 0.0  # wall time spent in steps
         self._draft_round_s: float | None = None  # this step's draft-model time per round
         self.last_error: Exception | None = None
+        _freeze_startup_objects()
 
     @property
     def model_name(self) -> str:

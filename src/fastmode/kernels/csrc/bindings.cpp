@@ -17,13 +17,17 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> norms, s
                             int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
                             bool int8_activations);
 
+// Every compute entry point releases the GIL while it runs (arguments are
+// converted before, the result after): the server's event loop keeps
+// streaming tokens and taking requests while the engine thread computes.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("quant_matmul", &quant_matmul, "x (M,K) fp32 @ W^T, W in ggml blocks (N, row_bytes) uint8 -> (M,N) fp32; optionally int8 activations");
-  m.def("quant_dequantize", &quant_dequantize, "rows of a ggml-block weight -> fp32 (all rows if `rows` is empty)");
-  m.def("paged_decode_attention", &paged_decode_attention, "one query per sequence over a paged KV cache, fp32");
-  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, fp32");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up for x = [gate | up], fp32");
-  m.def("rope_qkv", &rope_qkv, "RoPE on a fused qkv row; k and v written to their cache slots; returns q");
-  m.def("decode_layers", &decode_layers, "every decoder layer of a pure-decode step in one call");
+  using nogil = py::call_guard<py::gil_scoped_release>;
+  m.def("quant_matmul", &quant_matmul, "x (M,K) fp32 @ W^T, W in ggml blocks (N, row_bytes) uint8 -> (M,N) fp32; optionally int8 activations", nogil());
+  m.def("quant_dequantize", &quant_dequantize, "rows of a ggml-block weight -> fp32 (all rows if `rows` is empty)", nogil());
+  m.def("paged_decode_attention", &paged_decode_attention, "one query per sequence over a paged KV cache, fp32", nogil());
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, fp32", nogil());
+  m.def("silu_mul", &silu_mul, "silu(gate) * up for x = [gate | up], fp32", nogil());
+  m.def("rope_qkv", &rope_qkv, "RoPE on a fused qkv row; k and v written to their cache slots; returns q", nogil());
+  m.def("decode_layers", &decode_layers, "every decoder layer of a pure-decode step in one call", nogil());
   m.def("has_avx2", &has_avx2, "whether the AVX2/FMA/F16C paths were compiled in");
 }

@@ -91,6 +91,46 @@ inline void axpy(float p, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += p * x[i];
 }
 
+
+#if defined(__AVX2__) && defined(__FMA__)
+// Four scores at once: out[i] = q . k_i over D floats (D % 8 == 0). One
+// accumulator per key, reduced together with horizontal adds.
+inline void dot4(const float* q, const float* k0, const float* k1, const float* k2, const float* k3, int64_t D,
+                 float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
+    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+  }
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+}
+
+// out[g][d0 .. d0+16) = sum_t p[g * ldp + t] v_t[d0 .. d0+16) for GT query heads,
+// accumulating in registers; v_t is row t of the sequence's paged V.
+template <int GT>
+inline void weighted_sum16(const float* p, int64_t ldp, const float* const* vrows, int64_t T, int64_t d0, float* out,
+                           int64_t ldo) {
+  __m256 acc[GT][2];
+  for (int g = 0; g < GT; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < T; ++t) {
+    const __m256 v0 = _mm256_loadu_ps(vrows[t] + d0), v1 = _mm256_loadu_ps(vrows[t] + d0 + 8);
+    for (int g = 0; g < GT; ++g) {
+      const __m256 w = _mm256_broadcast_ss(p + g * ldp + t);
+      acc[g][0] = _mm256_fmadd_ps(w, v0, acc[g][0]);
+      acc[g][1] = _mm256_fmadd_ps(w, v1, acc[g][1]);
+    }
+  }
+  for (int g = 0; g < GT; ++g) {
+    _mm256_storeu_ps(out + g * ldo + d0, acc[g][0]);
+    _mm256_storeu_ps(out + g * ldo + d0 + 8, acc[g][1]);
+  }
+}
+#endif
+
 }  // namespace
 
 // Attention for one new query token per sequence over a paged KV cache.
@@ -124,30 +164,65 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   const float* vp = v_cache.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
+#if defined(__AVX2__) && defined(__FMA__)
+  const bool simd = D % 16 == 0;
+#else
+  const bool simd = false;
+#endif
   at::parallel_for(0, B * KVH, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores;
+    std::vector<const float*> krows, vrows;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / KVH, kh = i % KVH, T = lp[b];
       scores.resize(G * T);
-      // scores[g, t] = q[b, kh*G+g] . k[t]
-      for (int64_t t = 0; t < T; ++t) {
-        const float* k = kp + ((tp[b * maxb + t / bs] * bs + t % bs) * KVH + kh) * D;
-        for (int64_t g = 0; g < G; ++g) {
-          scores[g * T + t] = dot(qp + (b * H + kh * G + g) * D, k, D) * sc;
+      krows.resize(T);
+      vrows.resize(T);
+      for (int64_t t = 0; t < T; t += bs) {  // the sequence's rows, block by block, read in place
+        const int64_t base = (tp[b * maxb + t / bs] * bs * KVH + kh) * D;
+        for (int64_t r = 0; r < bs && t + r < T; ++r) {
+          krows[t + r] = kp + base + r * KVH * D;
+          vrows[t + r] = vp + base + r * KVH * D;
         }
       }
+      const float* qh = qp + (b * H + kh * G) * D;  // the G query heads that share this KV head
+      float* oh = op + (b * H + kh * G) * D;
+      // scores[g, t] = q_g . k_t * scale, then a softmax over t per g
       for (int64_t g = 0; g < G; ++g) {
         float* sg = scores.data() + g * T;
+        int64_t t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+        for (; simd && t + 4 <= T; t += 4) dot4(qh + g * D, krows[t], krows[t + 1], krows[t + 2], krows[t + 3], D, sg + t);
+#endif
+        for (; t < T; ++t) sg[t] = dot(qh + g * D, krows[t], D);
         float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < T; ++t) mx = std::max(mx, sg[t]);
+        for (t = 0; t < T; ++t) mx = std::max(mx, sg[t] *= sc);
         const float inv = 1.0f / exp_shift_sum(sg, T, mx);
-        for (int64_t t = 0; t < T; ++t) sg[t] *= inv;
+        for (t = 0; t < T; ++t) sg[t] *= inv;
       }
-      for (int64_t g = 0; g < G; ++g) std::fill_n(op + (b * H + kh * G + g) * D, D, 0.0f);
-      for (int64_t t = 0; t < T; ++t) {
-        const float* v = vp + ((tp[b * maxb + t / bs] * bs + t % bs) * KVH + kh) * D;
-        for (int64_t g = 0; g < G; ++g) axpy(scores[g * T + t], v, op + (b * H + kh * G + g) * D, D);
+      // out_g = sum_t p[g, t] v_t
+      if (!simd) {
+        std::fill_n(oh, G * D, 0.0f);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t g = 0; g < G; ++g) axpy(scores[g * T + t], vrows[t], oh + g * D, D);
+        continue;
       }
+#if defined(__AVX2__) && defined(__FMA__)
+      for (int64_t g = 0; g < G; g += 6) {  // six heads x 16 values: 12 accumulators in registers
+        const int64_t gt = std::min<int64_t>(6, G - g);
+        for (int64_t d0 = 0; d0 < D; d0 += 16) {
+          const float* pg = scores.data() + g * T;
+          float* og = oh + g * D;
+          switch (gt) {
+            case 1: weighted_sum16<1>(pg, T, vrows.data(), T, d0, og, D); break;
+            case 2: weighted_sum16<2>(pg, T, vrows.data(), T, d0, og, D); break;
+            case 3: weighted_sum16<3>(pg, T, vrows.data(), T, d0, og, D); break;
+            case 4: weighted_sum16<4>(pg, T, vrows.data(), T, d0, og, D); break;
+            case 5: weighted_sum16<5>(pg, T, vrows.data(), T, d0, og, D); break;
+            default: weighted_sum16<6>(pg, T, vrows.data(), T, d0, og, D); break;
+          }
+        }
+      }
+#endif
     }
   });
   return out;

@@ -111,47 +111,128 @@ template <int QT>
 constexpr int64_t kBlockBytes = QT == kQ4_0 ? 18 : QT == kQ4_1 ? 20 : 34;
 
 // ---- fp32 activations (the default) ----------------------------------------
-// Each weight block is dequantized in registers to the exact values the file
-// encodes (d q + m) and multiplied with the fp32 activations. Every row keeps
-// four accumulators, one per 8-wide segment of a block, and sums them the same
-// way whatever MR is: a row's result does not depend on the batch it was
-// computed in (speculative verification stays exact). Two rows share each
-// dequantized block; four would spill registers.
+// Each task dequantizes a chunk of weight rows to the exact fp32 values the
+// file encodes (d q + m) into a buffer that stays in cache, then multiplies it
+// with the fp32 activations in register tiles of NR weight rows x MR
+// activation rows. Every output keeps one 8-wide accumulator that runs over K
+// in order and is reduced by hsum, whatever the tile shape: a row's result
+// does not depend on the batch it was computed in (speculative verification
+// stays exact). A dequantized block is reused by every row of the batch, so
+// the cost per row falls with the batch instead of staying at one dequant per
+// block and row.
 
 #if FM_AVX2
-template <int QT, int MR>
-inline void dot_rows_f32(const uint8_t* wrow, int64_t nb, const float* x, int64_t ldx, float* out, int64_t ldo) {
+template <int QT>
+inline void dequant_rows(const uint8_t* wp, int64_t row_bytes, int64_t n0, int64_t n1, int64_t K, float* buf) {
   constexpr int64_t BB = kBlockBytes<QT>;
-  __m256 acc[MR][4];
-  for (int r = 0; r < MR; ++r)
-    for (int s = 0; s < 4; ++s) acc[r][s] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256 w0, w1, w2, w3;
-    dequant_block_avx2(QT, wrow + b * BB, w0, w1, w2, w3);
-    for (int r = 0; r < MR; ++r) {
-      const float* xb = x + r * ldx + b * kBlock;
-      acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), acc[r][1]);
-      acc[r][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), acc[r][2]);
-      acc[r][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), acc[r][3]);
+  const int64_t nb = K / kBlock;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* wrow = wp + n * row_bytes;
+    float* o = buf + (n - n0) * K;
+    for (int64_t b = 0; b < nb; ++b, o += kBlock) {
+      __m256 w0, w1, w2, w3;
+      dequant_block_avx2(QT, wrow + b * BB, w0, w1, w2, w3);
+      _mm256_storeu_ps(o, w0);
+      _mm256_storeu_ps(o + 8, w1);
+      _mm256_storeu_ps(o + 16, w2);
+      _mm256_storeu_ps(o + 24, w3);
     }
   }
-  for (int r = 0; r < MR; ++r)
-    out[r * ldo] = hsum(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3])));
+}
+
+// out[m * ldo + n] = dot(w row n, x row m) for n < NR, m < MR; w rows are K apart.
+// Register use: NR x MR accumulators plus whichever operand is held (the
+// smaller of NR and MR vectors), at most 16 ymm registers for the shapes used.
+template <int NR, int MR>
+inline void tile_f32(const float* w, const float* x, int64_t K, int64_t ldx, float* out, int64_t ldo) {
+  __m256 acc[NR][MR];
+  for (int n = 0; n < NR; ++n)
+    for (int m = 0; m < MR; ++m) acc[n][m] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    if constexpr (MR <= NR) {
+      __m256 xv[MR];
+      for (int m = 0; m < MR; ++m) xv[m] = _mm256_loadu_ps(x + m * ldx + k);
+      for (int n = 0; n < NR; ++n) {
+        const __m256 wv = _mm256_loadu_ps(w + n * K + k);
+        for (int m = 0; m < MR; ++m) acc[n][m] = _mm256_fmadd_ps(wv, xv[m], acc[n][m]);
+      }
+    } else {
+      __m256 wv[NR];
+      for (int n = 0; n < NR; ++n) wv[n] = _mm256_loadu_ps(w + n * K + k);
+      for (int m = 0; m < MR; ++m) {
+        const __m256 xv = _mm256_loadu_ps(x + m * ldx + k);
+        for (int n = 0; n < NR; ++n) acc[n][m] = _mm256_fmadd_ps(wv[n], xv, acc[n][m]);
+      }
+    }
+  }
+  for (int n = 0; n < NR; ++n)
+    for (int m = 0; m < MR; ++m) out[m * ldo + n] = hsum(acc[n][m]);
+}
+
+// Weight rows [0, nrows) of buf against MR activation rows: tiles as wide as
+// the registers allow for this MR, single rows for the remainder.
+template <int MR>
+inline void sweep_rows(const float* buf, int64_t nrows, const float* x, int64_t K, int64_t ldx, float* out,
+                       int64_t ldo) {
+  constexpr int NR = MR == 1 ? 8 : MR == 2 ? 6 : MR == 3 ? 4 : 3;
+  int64_t n = 0;
+  for (; n + NR <= nrows; n += NR) tile_f32<NR, MR>(buf + n * K, x, K, ldx, out + n, ldo);
+  for (; n < nrows; ++n) tile_f32<1, MR>(buf + n * K, x, K, ldx, out + n, ldo);
+}
+
+// One activation row against NR weight rows, dequantizing each block in
+// registers (with a single row there is nothing to share a buffered block
+// with). Same accumulation as tile_f32: one accumulator per output, k in order.
+template <int QT, int NR>
+inline void rows_direct_f32(const uint8_t* w, int64_t row_bytes, int64_t nb, const float* x, float* out) {
+  constexpr int64_t BB = kBlockBytes<QT>;
+  __m256 acc[NR];
+  for (int n = 0; n < NR; ++n) acc[n] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * kBlock;
+    const __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
+    const __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
+    for (int n = 0; n < NR; ++n) {
+      // NR row streams outrun the hardware prefetcher: ask for each row's data 256 bytes ahead.
+      _mm_prefetch(reinterpret_cast<const char*>(w + n * row_bytes + b * BB + 256), _MM_HINT_T0);
+      __m256 w0, w1, w2, w3;
+      dequant_block_avx2(QT, w + n * row_bytes + b * BB, w0, w1, w2, w3);
+      acc[n] = _mm256_fmadd_ps(w0, x0, acc[n]);
+      acc[n] = _mm256_fmadd_ps(w1, x1, acc[n]);
+      acc[n] = _mm256_fmadd_ps(w2, x2, acc[n]);
+      acc[n] = _mm256_fmadd_ps(w3, x3, acc[n]);
+    }
+  }
+  for (int n = 0; n < NR; ++n) out[n] = hsum(acc[n]);
 }
 
 template <int QT>
 void matmul_f32(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, float* op) {
-  const int64_t nb = K / kBlock;
-  constexpr int64_t kChunk = 32;  // weight rows per task (cache resident), swept by every 2-row tile of x
+  if (M == 1) {  // batch-1 decode: stream the weights once, no buffer
+    const int64_t nb = K / kBlock;
+    at::parallel_for(0, (N + 3) / 4, 8, [&](int64_t t0, int64_t t1) {
+      for (int64_t n = t0 * 4; n < std::min(N, t1 * 4); n += 4) {
+        if (n + 4 <= N) rows_direct_f32<QT, 4>(wp + n * row_bytes, row_bytes, nb, xp, op + n);
+        else
+          for (int64_t r = n; r < N; ++r) rows_direct_f32<QT, 1>(wp + r * row_bytes, row_bytes, nb, xp, op + r);
+      }
+    });
+    return;
+  }
+  constexpr int64_t kChunk = 24;  // weight rows per task: a multiple of every tile width (8, 6, 4, 3)
   at::parallel_for(0, (N + kChunk - 1) / kChunk, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> buf(kChunk * K);  // the chunk, dequantized: at most 147 KB, L2-resident
     for (int64_t c = c0; c < c1; ++c) {
-      const int64_t n0 = c * kChunk, n1 = std::min(N, n0 + kChunk);
+      const int64_t n0 = c * kChunk, nrows = std::min(N, n0 + kChunk) - n0;
+      dequant_rows<QT>(wp, row_bytes, n0, n0 + nrows, K, buf.data());
+      // Four activation rows at a time stay in L1 while the chunk streams past them.
       int64_t m = 0;
-      for (; m + 2 <= M; m += 2)
-        for (int64_t n = n0; n < n1; ++n) dot_rows_f32<QT, 2>(wp + n * row_bytes, nb, xp + m * K, K, op + m * N + n, N);
-      for (; m < M; ++m)
-        for (int64_t n = n0; n < n1; ++n) dot_rows_f32<QT, 1>(wp + n * row_bytes, nb, xp + m * K, K, op + m * N + n, N);
+      for (; m + 4 <= M; m += 4) sweep_rows<4>(buf.data(), nrows, xp + m * K, K, K, op + m * N + n0, N);
+      switch (M - m) {
+        case 3: sweep_rows<3>(buf.data(), nrows, xp + m * K, K, K, op + m * N + n0, N); break;
+        case 2: sweep_rows<2>(buf.data(), nrows, xp + m * K, K, K, op + m * N + n0, N); break;
+        case 1: sweep_rows<1>(buf.data(), nrows, xp + m * K, K, K, op + m * N + n0, N); break;
+      }
     }
   });
 }
