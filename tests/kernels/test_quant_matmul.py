@@ -114,8 +114,9 @@ def test_rms_norm_and_silu_mul_match_pytorch():
     x, w = torch.randn(5, 3, 64), torch.randn(64)
     ref = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
     torch.testing.assert_close(K.rms_norm(x, w, 1e-5), ref, atol=1e-5, rtol=1e-5)
-    gu = torch.randn(6, 2 * 40)
-    torch.testing.assert_close(K.silu_mul(gu), torch.nn.functional.silu(gu[:, :40]) * gu[:, 40:], atol=1e-6, rtol=1e-5)
+    gu = torch.randn(6, 2 * 43) * 4  # 43: the 8-wide path and a scalar tail
+    gu[0, :6] = torch.tensor([-100.0, 100.0, 0.0, -0.0, 88.0, -88.0])  # saturated and signed-zero gates
+    torch.testing.assert_close(K.silu_mul(gu), torch.nn.functional.silu(gu[:, :43]) * gu[:, 43:], atol=1e-6, rtol=1e-5)
 
 
 def test_rope_qkv_matches_rotary_and_writes_the_cache():

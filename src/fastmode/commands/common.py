@@ -8,6 +8,9 @@ import argparse
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="Hugging Face directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"], help="auto: bf16 only where the CPU/GPU computes it natively")
+    p.add_argument("--weights", default="native", choices=["native", "native-int8", "dequantize"],
+                   help="GGUF weights: native blocks with fp32 activations (default), native with int8 "
+                        "activations (llama.cpp's arithmetic), or dequantized to --dtype")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -29,7 +32,7 @@ def load_llm_and_params(args: argparse.Namespace):
 
     try:
         params = sampling_from_args(args)
-        return LLM(model=args.model, dtype=args.dtype), params
+        return LLM(model=args.model, dtype=args.dtype, weights=args.weights), params
     except (ModelLoadError, ValueError) as e:
         print(f"fastmode: {e}", file=sys.stderr)
         return None

@@ -49,6 +49,9 @@ def register(subparsers: Any) -> None:
                    help="write the full report, per-item answers included, to PATH")
     p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default=None,
                    help="weights dtype passed to LLM (default: the LLM's own default)")
+    p.add_argument("--weights", choices=("native", "native-int8", "dequantize"), default=None,
+                   help="GGUF weights passed to LLM: native blocks with fp32 or int8 activations, or "
+                        "dequantized (default: the LLM's own default, native)")
     p.add_argument("--batch-size", type=int, default=None, metavar="N",
                    help="prompts per generate call (default: all at once, or "
                         f"{SPEC_BATCH_SIZE} for every run when --speculative is on)")
@@ -63,12 +66,14 @@ def _label(model: str | None) -> str:
     return "default" if model is None else (Path(model).name or model)
 
 
-def _load(model: str | None, dtype: str | None) -> Any:
+def _load(model: str | None, dtype: str | None, weights: str | None = None) -> Any:
     from fastmode import LLM  # torch comes in here, not at CLI start-up
 
     kwargs: dict[str, Any] = {"model": model}
     if dtype is not None:
         kwargs["dtype"] = dtype
+    if weights is not None:
+        kwargs["weights"] = weights
     return LLM(**kwargs)
 
 
@@ -96,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         label = _label(model)
         print(f"[eval] {label}{' +' + speculative if speculative else ''}: "
               f"{len(tasks)} items", file=sys.stderr)
-        llm = _load(model, args.dtype)
+        llm = _load(model, args.dtype, args.weights)
         try:
             report = evaluate(
                 llm, tasks, speculative, name=label,

@@ -180,41 +180,65 @@ inline void sweep_rows(const float* buf, int64_t nrows, const float* x, int64_t 
   for (; n < nrows; ++n) tile_f32<1, MR>(buf + n * K, x, K, ldx, out + n, ldo);
 }
 
-// One activation row against NR weight rows, dequantizing each block in
-// registers (with a single row there is nothing to share a buffered block
-// with). Same accumulation as tile_f32: one accumulator per output, k in order.
-template <int QT, int NR>
-inline void rows_direct_f32(const uint8_t* w, int64_t row_bytes, int64_t nb, const float* x, float* out) {
+// MR activation rows against NR weight rows, dequantizing each block in
+// registers: for a few rows there is too little reuse to pay for writing the
+// dequantized chunk to a buffer and reading it back. Same accumulation as
+// tile_f32 (one accumulator per output, k in order), so results are
+// bit-identical whichever path a row takes.
+template <int QT, int NR, int MR>
+inline void rows_direct_f32(const uint8_t* w, int64_t row_bytes, int64_t nb, const float* x, int64_t ldx, float* out,
+                            int64_t ldo) {
   constexpr int64_t BB = kBlockBytes<QT>;
-  __m256 acc[NR];
-  for (int n = 0; n < NR; ++n) acc[n] = _mm256_setzero_ps();
+  __m256 acc[NR][MR];
+  for (int n = 0; n < NR; ++n)
+    for (int m = 0; m < MR; ++m) acc[n][m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const float* xb = x + b * kBlock;
-    const __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
-    const __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
     for (int n = 0; n < NR; ++n) {
       // NR row streams outrun the hardware prefetcher: ask for each row's data 256 bytes ahead.
       _mm_prefetch(reinterpret_cast<const char*>(w + n * row_bytes + b * BB + 256), _MM_HINT_T0);
       __m256 w0, w1, w2, w3;
       dequant_block_avx2(QT, w + n * row_bytes + b * BB, w0, w1, w2, w3);
-      acc[n] = _mm256_fmadd_ps(w0, x0, acc[n]);
-      acc[n] = _mm256_fmadd_ps(w1, x1, acc[n]);
-      acc[n] = _mm256_fmadd_ps(w2, x2, acc[n]);
-      acc[n] = _mm256_fmadd_ps(w3, x3, acc[n]);
+      for (int m = 0; m < MR; ++m) {
+        const float* xb = x + m * ldx + b * kBlock;
+        acc[n][m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), acc[n][m]);
+        acc[n][m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), acc[n][m]);
+        acc[n][m] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), acc[n][m]);
+        acc[n][m] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), acc[n][m]);
+      }
     }
   }
-  for (int n = 0; n < NR; ++n) out[n] = hsum(acc[n]);
+  for (int n = 0; n < NR; ++n)
+    for (int m = 0; m < MR; ++m) out[m * ldo + n] = hsum(acc[n][m]);
 }
+
+// Weight rows [n0, n1) against MR activation rows, directly from the blocks.
+template <int QT, int MR>
+inline void sweep_direct(const uint8_t* wp, int64_t row_bytes, int64_t n0, int64_t n1, int64_t nb, const float* x,
+                         int64_t ldx, float* out, int64_t ldo) {
+  constexpr int NR = MR <= 2 ? 4 : 2;  // at most 8 accumulators + 4 dequantized vectors + x
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) rows_direct_f32<QT, NR, MR>(wp + n * row_bytes, row_bytes, nb, x, ldx, out + n, ldo);
+  for (; n < n1; ++n) rows_direct_f32<QT, 1, MR>(wp + n * row_bytes, row_bytes, nb, x, ldx, out + n, ldo);
+}
+
+// Up to this many activation rows, every 4-row group reads the blocks directly.
+constexpr int64_t kDirectMaxRows = 4;
 
 template <int QT>
 void matmul_f32(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, float* op) {
-  if (M == 1) {  // batch-1 decode: stream the weights once, no buffer
+  if (M <= kDirectMaxRows) {  // decode at small batch, short verifications: stream the weights once, no buffer
     const int64_t nb = K / kBlock;
-    at::parallel_for(0, (N + 3) / 4, 8, [&](int64_t t0, int64_t t1) {
-      for (int64_t n = t0 * 4; n < std::min(N, t1 * 4); n += 4) {
-        if (n + 4 <= N) rows_direct_f32<QT, 4>(wp + n * row_bytes, row_bytes, nb, xp, op + n);
-        else
-          for (int64_t r = n; r < N; ++r) rows_direct_f32<QT, 1>(wp + r * row_bytes, row_bytes, nb, xp, op + r);
+    at::parallel_for(0, (N + 7) / 8, 4, [&](int64_t t0, int64_t t1) {
+      const int64_t n0 = t0 * 8, n1 = std::min(N, t1 * 8);
+      for (int64_t m = 0; m < M; m += 4) {
+        const float* x = xp + m * K;
+        float* o = op + m * N;
+        switch (std::min<int64_t>(4, M - m)) {
+          case 4: sweep_direct<QT, 4>(wp, row_bytes, n0, n1, nb, x, K, o, N); break;
+          case 3: sweep_direct<QT, 3>(wp, row_bytes, n0, n1, nb, x, K, o, N); break;
+          case 2: sweep_direct<QT, 2>(wp, row_bytes, n0, n1, nb, x, K, o, N); break;
+          default: sweep_direct<QT, 1>(wp, row_bytes, n0, n1, nb, x, K, o, N); break;
+        }
       }
     });
     return;
