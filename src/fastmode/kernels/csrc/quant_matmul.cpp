@@ -215,30 +215,30 @@ inline void rows_direct_f32(const uint8_t* w, int64_t row_bytes, int64_t nb, con
 template <int QT, int MR>
 inline void sweep_direct(const uint8_t* wp, int64_t row_bytes, int64_t n0, int64_t n1, int64_t nb, const float* x,
                          int64_t ldx, float* out, int64_t ldo) {
-  constexpr int NR = MR <= 2 ? 4 : 2;  // at most 8 accumulators + 4 dequantized vectors + x
+  constexpr int NR = MR <= 2 ? 4 : MR <= 4 ? 2 : 1;  // at most 8 accumulators + 4 dequantized vectors + x
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) rows_direct_f32<QT, NR, MR>(wp + n * row_bytes, row_bytes, nb, x, ldx, out + n, ldo);
   for (; n < n1; ++n) rows_direct_f32<QT, 1, MR>(wp + n * row_bytes, row_bytes, nb, x, ldx, out + n, ldo);
 }
 
-// Up to this many activation rows, every 4-row group reads the blocks directly.
-constexpr int64_t kDirectMaxRows = 4;
+// Up to this many activation rows, the blocks are read directly (one group of rows).
+constexpr int64_t kDirectMaxRows = 8;
 
 template <int QT>
 void matmul_f32(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, float* op) {
-  if (M <= kDirectMaxRows) {  // decode at small batch, short verifications: stream the weights once, no buffer
+  if (M <= kDirectMaxRows) {  // decode at small batch, verifications: stream the weights once, no buffer
     const int64_t nb = K / kBlock;
     at::parallel_for(0, (N + 7) / 8, 4, [&](int64_t t0, int64_t t1) {
       const int64_t n0 = t0 * 8, n1 = std::min(N, t1 * 8);
-      for (int64_t m = 0; m < M; m += 4) {
-        const float* x = xp + m * K;
-        float* o = op + m * N;
-        switch (std::min<int64_t>(4, M - m)) {
-          case 4: sweep_direct<QT, 4>(wp, row_bytes, n0, n1, nb, x, K, o, N); break;
-          case 3: sweep_direct<QT, 3>(wp, row_bytes, n0, n1, nb, x, K, o, N); break;
-          case 2: sweep_direct<QT, 2>(wp, row_bytes, n0, n1, nb, x, K, o, N); break;
-          default: sweep_direct<QT, 1>(wp, row_bytes, n0, n1, nb, x, K, o, N); break;
-        }
+      switch (M) {
+        case 8: sweep_direct<QT, 8>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        case 7: sweep_direct<QT, 7>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        case 6: sweep_direct<QT, 6>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        case 5: sweep_direct<QT, 5>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        case 4: sweep_direct<QT, 4>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        case 3: sweep_direct<QT, 3>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        case 2: sweep_direct<QT, 2>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        default: sweep_direct<QT, 1>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
       }
     });
     return;
