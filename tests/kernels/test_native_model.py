@@ -72,3 +72,23 @@ def test_fused_decode_step_matches_the_per_layer_path(native, monkeypatch):
     assert any(calls)  # the fused path did run
     monkeypatch.setattr(type(native.engine.loaded.model), "_fused_decode", lambda self, batch, kv: None)
     assert [o.token_ids for o in native.generate(prompts, sp)] == want
+
+
+def test_spark_runs_q8_0_layers_and_drafts_losslessly(native):
+    """On a native teacher Spark's layers are re-encoded as Q8_0 for the kernels, and greedy
+    draft-model speculation with it (catch-up spans, then single-token decode rounds) is exact."""
+    from fastmode.distill.spark import find_spark, load_spark
+
+    folder = find_spark()
+    if folder is None:
+        pytest.skip("no Spark shipped or distilled")
+    spark = load_spark(folder, native.engine.loaded)
+    assert all(isinstance(layer.mlp.down_proj, QuantLinear) and layer.mlp.down_proj.qtype == 8 for layer in spark.layers)
+    spec = LLM(speculative="draft", speculative_tiers="standard,fast", speculative_min_gain=0.0)
+    assert spec.engine.drafter is not None
+    prompts = [native.tokenizer.apply_chat_template([{"role": "user", "content": q}])
+               for q in ("Name three colors.", "Count from one to ten.")]
+    sp = SamplingParams(temperature=0.0, max_tokens=32)
+    got = [o.token_ids for o in spec.generate(prompts, sp)]
+    assert got == [o.token_ids for o in native.generate(prompts, sp)]
+    assert sum(spec.engine.spec.stats.draft_tokens.values()) > 0  # it did speculate

@@ -11,6 +11,7 @@ from fastmode.engine.sequence import Sequence
 from fastmode.engine.tiers import Tier
 from fastmode.speculative.ngram import propose_ngram
 from fastmode.speculative.policy import SpecConfig, SpecPolicy
+from fastmode.speculative.step_curve import StepCurve
 
 
 def test_ngram_proposes_the_continuation_of_the_latest_match():
@@ -33,12 +34,50 @@ def test_policy_per_request_per_tier_and_batch_threshold():
     assert k0 > 1  # the optimistic prior tries a long draft first
     for _ in range(10):
         pol.observe(fast, 4, 0)  # nothing accepted: speculation stops, but for a 1-token probe now and then
-    ks = [pol.num_draft_tokens(fast) for _ in range(2 * pol.config.probe_every)]
-    assert ks.count(1) == 2 and ks.count(0) == len(ks) - 2
+    every = pol.config.probe_every
+    ks = [pol.num_draft_tokens(fast) for _ in range(7 * every)]
+    # Probes after 1, then 2, then 4 intervals: each one that does not restart speculation waits longer.
+    assert [i for i, k in enumerate(ks) if k] == [every - 1, 3 * every - 1, 7 * every - 1]
+    assert set(ks) == {0, 1}
     for _ in range(10):
         pol.observe(fast, 4, 4)
     assert pol.num_draft_tokens(fast) == pol.config.max_draft_tokens
     assert pol.stats.acceptance_rate("fast") == pytest.approx(40 / 80)
+
+
+def test_step_curve_interpolates_and_extrapolates_measured_step_times():
+    c = StepCurve(ema=0.5)
+    assert c.seconds(4) is None and c.relative(1, 4) is None  # nothing measured
+    c.observe(1, 0.020)
+    assert c.seconds(1) == pytest.approx(0.020) and c.seconds(5) is None  # one point: no slope yet
+    c.observe(5, 0.024)
+    c.observe(16, 0.080)
+    assert c.seconds(3) == pytest.approx(0.022)  # between 1 and 5
+    assert c.seconds(10) == pytest.approx(0.024 + 0.056 * 5 / 11)  # between 5 and 16
+    assert c.seconds(27) == pytest.approx(0.080 + 0.056 * 11 / 11)  # beyond: the last slope
+    assert c.relative(1, 4) == pytest.approx(1.2)
+    c.observe(5, 0.028)  # EMA
+    assert c.seconds(5) == pytest.approx(0.026)
+    c.observe(0, 1.0), c.observe(3, 0.0)  # ignored
+    assert c.seconds(3) == pytest.approx(0.023)
+    noisy = StepCurve()
+    noisy.observe(4, 0.030), noisy.observe(8, 0.025)
+    assert noisy.relative(4, 4) == 1.0  # never cheaper than the plain step
+
+
+def test_policy_prices_verification_from_the_measured_step_curve():
+    """Cheap verification at batch 1, costly at batch 4: n-gram drafts at 30% acceptance pay only at 1."""
+    pol = SpecPolicy(SpecConfig(method="ngram", tiers=("fast",), max_draft_tokens=6))
+    seq = Sequence("f", [1, 2], SamplingParams(max_tokens=50), Tier.FAST)
+    for _ in range(20):
+        pol.observe(seq, 3, 1)  # acceptance -> 1/3
+    assert pol.verify_cost(4, 1) == pytest.approx(1.05)  # the prior until steps are measured
+    for rows, ms in ((1, 16.0), (2, 16.4), (5, 18.7), (8, 27.6), (4, 17.6), (16, 49.0), (28, 95.0)):
+        pol.observe_step(rows, ms / 1000)
+    assert pol.verify_cost(1, 4) == pytest.approx(18.7 / 16.0)
+    assert pol.num_draft_tokens(seq, "ngram", batch=1) >= 1
+    assert pol.verify_cost(4, 1) == pytest.approx(27.6 / 17.6)
+    assert pol.num_draft_tokens(seq, "ngram", batch=4) == 0
 
 
 def test_policy_weighs_draft_model_cost_against_acceptance():

@@ -76,7 +76,11 @@ def load_spark(path: str | Path, teacher: LoadedModel, check_teacher: bool = Tru
     norm.load_state_dict({"weight": state["norm.weight"]})
     model = assemble(teacher.model, layers.to(teacher.dtype), norm.to(teacher.dtype), spark_name(teacher.name))
     kernels = getattr(teacher.model.norm, "kernels", None)
-    if kernels is not None:  # a teacher on fastmode's kernels: the student's layers use them too
+    if kernels is not None:  # a teacher on fastmode's kernels: the student's layers run on them too, as Q8_0
+        from fastmode.models.quant_linear import QuantLinear, quantize_layers
+
+        int8 = any(m.int8_activations for m in teacher.model.modules() if isinstance(m, QuantLinear))
+        quantize_layers(model, int8_activations=int8)
         use_kernels(model, kernels)
     return model.eval().requires_grad_(False)
 

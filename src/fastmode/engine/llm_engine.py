@@ -162,22 +162,21 @@ class LLMEngine:
         cap = cfg.fast_lane_max_batch if self.scheduler.lane_active() else cfg.max_num_seqs
         if not self.spec.enabled_for_step(min(len(running), cap)):
             return
+        decoding = [seq for seq in running if not seq.is_prefilling]
+        batch = min(len(decoding), cap)
         by_model: list[tuple[Sequence, int]] = []
-        for seq in running:
-            if seq.is_prefilling:
-                continue
+        for seq in decoding:
             method = self.spec.method_for(seq)
             if method == "off":
                 continue
-            k = self.spec.num_draft_tokens(seq, method)
+            k = self.spec.num_draft_tokens(seq, method, batch)
             if k and method == "ngram":
                 seq.draft_token_ids = propose_ngram(seq.token_ids, k)
             elif k and method == "draft" and self.drafter is not None:
                 by_model.append((seq, k))
         if by_model:  # one batched draft run for every sequence that uses the draft model
-            t0 = time.perf_counter()
             drafts = self.drafter.propose([s for s, _ in by_model], [k for _, k in by_model])
-            self._draft_round_s = (time.perf_counter() - t0) / max(k for _, k in by_model)
+            self._draft_round_s = self.drafter.last_round_s  # None after a prompt catch-up: not a round's cost
             for (seq, _), d in zip(by_model, drafts):
                 seq.draft_token_ids = d
 
@@ -203,6 +202,8 @@ class LLMEngine:
         attribute_step(out, step_s)
         if self._draft_round_s is not None:  # the policy weighs draft-model cost against this step's
             self.spec.observe_draft_cost(self._draft_round_s, step_s)
+        if all(s.num_tokens - s.num_draft_tokens == 1 for s in out.scheduled):  # decodes and verifications only
+            self.spec.observe_step(sum(s.num_tokens for s in out.scheduled), step_s)
         for s in out.scheduled:
             if s.num_draft_tokens:
                 accepted = len(sampled.get(s.seq.request_id, [])) - 1

@@ -16,6 +16,11 @@ from fastmode.models.cpu_packing import can_pack, pack_linears
 from fastmode.models.llama import LlamaModel
 
 
+# Spans up to this long after existing context run as decode rows (their attention reads the
+# context once per row, so long prompt chunks stay on the prefill path).
+MAX_SPAN_AS_ROWS = 16
+
+
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, dtype: torch.dtype, pack_weights: bool = True):
         cfg = model.cfg
@@ -31,6 +36,14 @@ class ModelRunner:
     def release(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
 
+    @staticmethod
+    def _as_rows(s: ScheduledSeq) -> bool:
+        """Whether a multi-token span (a speculative verification, a short prompt chunk after
+        cached context) runs as one decode row per token: each row attends to the cache up to
+        its own position, so the step stays on the fused decode path and every row gets exactly
+        the arithmetic plain decoding would give it (greedy verification is then exact)."""
+        return s.seq.num_computed_tokens > 0 and s.num_tokens <= MAX_SPAN_AS_ROWS
+
     def _slots(self, block_table: list[int], start: int, n: int) -> list[int]:
         bs = self.block_size
         return [block_table[p // bs] * bs + p % bs for p in range(start, start + n)]
@@ -39,8 +52,9 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> dict[str, list[int]]:
         """Run one step; returns request id -> accepted drafts + one new token
         (empty for a prompt chunk that does not reach the end of the prompt)."""
-        spans = [s for s in out.scheduled if s.num_tokens > 1]
-        decodes = [s for s in out.scheduled if s.num_tokens == 1]
+        rows_ok = getattr(self.model, "kernels", None) is not None
+        spans = [s for s in out.scheduled if s.num_tokens > 1 and not (rows_ok and self._as_rows(s))]
+        decodes = [s for s in out.scheduled if s.num_tokens == 1 or (rows_ok and self._as_rows(s))]
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -70,23 +84,28 @@ class ModelRunner:
         batch = AttentionBatch(slot_mapping=torch.empty(0), prefill_spans=prefill_spans, num_prefill_tokens=num_prefill)
         if decodes:
             max_blocks = max(len(s.seq.block_table) for s in decodes)
-            tables = torch.zeros(len(decodes), max_blocks, dtype=torch.long)
+            tables = torch.zeros(sum(s.num_tokens for s in decodes), max_blocks, dtype=torch.long)
             ctx_lens = []
-            for i, s in enumerate(decodes):
-                seq, start = s.seq, s.seq.num_computed_tokens
-                tables[i, : len(seq.block_table)] = torch.tensor(seq.block_table)
-                input_ids.append(seq.token_ids[start])
-                positions.append(start)
-                slots += self._slots(seq.block_table, start, 1)
-                ctx_lens.append(start + 1)
-                logit_rows.append(len(input_ids) - 1)
-                row_owner.append((s, 1))
+            for s in decodes:
+                seq, start, n = s.seq, s.seq.num_computed_tokens, s.num_tokens
+                toks = (seq.token_ids + seq.draft_token_ids)[start : start + n]
+                table = torch.tensor(seq.block_table)
+                for j in range(n):  # row j sees the cache up to its own position: causal within the span
+                    tables[len(ctx_lens), : len(seq.block_table)] = table
+                    input_ids.append(toks[j])
+                    positions.append(start + j)
+                    ctx_lens.append(start + j + 1)
+                slots += self._slots(seq.block_table, start, n)
+                if s.samples:
+                    k = s.num_draft_tokens + 1
+                    logit_rows += range(len(input_ids) - k, len(input_ids))
+                    row_owner.append((s, k))
             batch.decode_block_tables = tables
             batch.decode_context_lens = torch.tensor(ctx_lens, dtype=torch.long)
             if getattr(self.model, "kernels", None) is None:  # fastmode's decode attention reads the lengths instead
                 t = max_blocks * self.block_size
                 valid = torch.arange(t).unsqueeze(0) < batch.decode_context_lens.unsqueeze(1)  # (B, T)
-                batch.decode_mask = torch.zeros(len(decodes), 1, 1, t).masked_fill(~valid[:, None, None, :], float("-inf"))
+                batch.decode_mask = torch.zeros(len(ctx_lens), 1, 1, t).masked_fill(~valid[:, None, None, :], float("-inf"))
         batch.slot_mapping = torch.tensor(slots, dtype=torch.long)
 
         logits = self.model(

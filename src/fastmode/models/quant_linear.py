@@ -43,6 +43,16 @@ class QuantTensor:
         return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).reshape(self.shape)
 
     @staticmethod
+    def quantize(w: torch.Tensor, qtype: int) -> "QuantTensor":
+        """Encode an fp32 (out_features, in_features) weight as ggml blocks with gguf's reference quantizer."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import quantize
+
+        n, k = w.shape
+        data = quantize(w.detach().float().contiguous().numpy(), GGMLQuantizationType(qtype))
+        return QuantTensor(torch.from_numpy(np.ascontiguousarray(data)), qtype, (n, k))
+
+    @staticmethod
     def cat_rows(parts: list["QuantTensor"]) -> "QuantTensor | None":
         """Stack weights along the output dimension (fused q/k/v, gate/up); None if their formats differ."""
         if len({(p.qtype, p.shape[1]) for p in parts}) != 1:
@@ -110,6 +120,22 @@ class QuantEmbedding(nn.Module):
     def as_linear(self) -> QuantLinear:
         """The tied output head: the same blocks, no copy."""
         return QuantLinear(QuantTensor(self.qweight, self.qtype, (self.num_embeddings, self.embedding_dim)))
+
+
+def quantize_layers(model: nn.Module, qtype: int = GGML_TYPES["Q8_0"], int8_activations: bool = False) -> None:
+    """Re-encode every decoder layer's fp32 nn.Linear as ggml blocks (Q8_0: 8.5 bits per weight, error
+    below half a step of each 32-value block's int8 grid), so the layers run on fastmode's kernels and
+    the fused decode step. Used for Spark, whose layers are stored as int8 and would otherwise run as
+    fp32 matmuls beside a natively quantized teacher."""
+    for layer in getattr(model, "layers", []):
+        for parent, name in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
+                             (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):
+            lin = getattr(parent, name)
+            if isinstance(lin, nn.Linear) and lin.in_features % 32 == 0:
+                q = QuantLinear(QuantTensor.quantize(lin.weight, qtype), lin.bias, int8_activations)
+                setattr(parent, name, q)
+    if hasattr(model, "_decode_pack"):
+        model._decode_pack = None
 
 
 def set_int8_activations(model: nn.Module, on: bool) -> None:

@@ -10,6 +10,7 @@ of the accepted drafts and recomputes only what it has not seen.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +41,10 @@ class DraftModelProposer:
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
         self.shadows: dict[str, _Shadow] = {}
+        # Seconds per drafting round in the last propose(), for the policy's cost estimate: the
+        # single-token rounds, or round 0 when no sequence had more than a couple of tokens to
+        # catch up on; None when only a long catch-up (a prompt) ran, which is not a round's cost.
+        self.last_round_s: float | None = None
 
     def release(self, request_id: str) -> None:
         sh = self.shadows.pop(request_id, None)
@@ -70,15 +75,20 @@ class DraftModelProposer:
             if self.blocks.allocate(sh, len(seq) - sh.num_computed_tokens + k - 1):  # type: ignore[arg-type]
                 live.append((i, seq, sh))
         drafts: list[list[int]] = [[] for _ in seqs]
+        self.last_round_s = None
         if not live:
             return drafts
         # Round 0: catch up on real tokens (a span per sequence), take the next token.
+        t0 = time.perf_counter()
+        catch_up = max(len(seq) - sh.num_computed_tokens for _, seq, sh in live)
         tokens = self._forward([(seq.token_ids[sh.num_computed_tokens :], sh) for _, seq, sh in live])
+        round0_s = time.perf_counter() - t0
         for (i, seq, sh), t in zip(live, tokens):
             sh.pending_start = len(seq)
             sh.num_computed_tokens = len(seq)
             drafts[i].append(t)
         # Rounds 1..k-1: one drafted token per sequence that wants more.
+        t1, rounds = time.perf_counter(), 0
         for r in range(1, max(ks[i] for i, _, _ in live)):
             active = [(i, seq, sh) for i, seq, sh in live if ks[i] > r]
             if not active:
@@ -87,26 +97,50 @@ class DraftModelProposer:
             for (i, _, sh), t in zip(active, tokens):
                 sh.num_computed_tokens += 1
                 drafts[i].append(t)
+            rounds += 1
+        if rounds:
+            self.last_round_s = (time.perf_counter() - t1) / rounds
+        elif catch_up <= 2:
+            self.last_round_s = round0_s
         for i, _, sh in live:
             sh.pending = list(drafts[i])
         return drafts
 
     def _forward(self, items: list[tuple[list[int], _Shadow]]) -> list[int]:
-        """Run token chunks (each at its shadow's frontier) as one batch; argmax per item."""
+        """Run token chunks (each at its shadow's frontier) as one batch; argmax per item.
+
+        Multi-token chunks (catch-up) go in as prefill spans; single tokens after
+        some context (the drafting rounds) as decodes, so a round of pure decodes
+        takes the model's fused decode step."""
         bs = self.block_size
-        ids, pos, slots, spans, rows = [], [], [], [], []
-        for toks, sh in items:
+        order = sorted(range(len(items)), key=lambda j: len(items[j][0]) == 1 and items[j][1].num_computed_tokens > 0)
+        ids, pos, slots, spans, rows = [], [], [], [], [0] * len(items)
+        tables, lens = [], []
+        for j in order:
+            toks, sh = items[j]
             start = sh.num_computed_tokens
             first = len(ids)
             ids += toks
             pos += range(start, start + len(toks))
             slots += [sh.block_table[p // bs] * bs + p % bs for p in range(start, start + len(toks))]
             ctx = start + len(toks)
+            rows[j] = len(ids) - 1
+            if len(toks) == 1 and start > 0:
+                tables.append(sh.block_table)
+                lens.append(ctx)
+                continue
             mask = None
             if start > 0:
                 mask = torch.arange(ctx).unsqueeze(0) <= torch.arange(start, ctx).unsqueeze(1)
             spans.append(PrefillSpan(first, len(ids), ctx, torch.tensor(sh.block_table), mask))
-            rows.append(len(ids) - 1)
-        batch = AttentionBatch(torch.tensor(slots), spans, len(ids))
+        num_prefill = len(ids) - len(lens)
+        batch = AttentionBatch(torch.tensor(slots), spans, num_prefill)
+        if lens:
+            width = max(len(t) for t in tables)
+            batch.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
+            batch.decode_context_lens = torch.tensor(lens, dtype=torch.long)
+            if getattr(self.model, "kernels", None) is None:  # PyTorch attention masks the padding instead
+                valid = torch.arange(width * bs).unsqueeze(0) < batch.decode_context_lens.unsqueeze(1)
+                batch.decode_mask = torch.zeros(len(lens), 1, 1, width * bs).masked_fill(~valid[:, None, None, :], float("-inf"))
         logits = self.model(torch.tensor(ids), torch.tensor(pos), batch, self.kv_caches, torch.tensor(rows))
         return logits.argmax(-1).tolist()

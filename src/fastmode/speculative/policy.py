@@ -6,13 +6,16 @@
 - Per step: off when more than `max_batch` sequences decode together: once the
   step is compute-bound, verifying k+1 tokens per sequence costs about k+1
   steps and speculation loses (the threshold comes from `fastmode calibrate`).
-- Per sequence: k maximises the expected speed-up E[tokens](k) / (1 + k * c)
-  for the sequence's measured acceptance a (an exponential moving average),
-  with c the cost of one more drafted token relative to a plain step: the
-  draft model's measured cost (n-gram drafting is free) plus the cost of
-  verifying one more token. If no k gains `min_gain`, the sequence does not
+- Per sequence: k maximises the expected speed-up E[tokens](k) / (V(k) + k d)
+  for the sequence's measured acceptance a (an exponential moving average).
+  V(k) is what verifying k drafts per sequence costs relative to a plain step:
+  the engine's measured step time at B(k+1) rows over that at B rows, B the
+  sequences decoding together (`StepCurve`; 1 + k * verify_cost until the
+  curve has two measured points). d is the draft model's measured cost per
+  round relative to a step (n-gram drafting is free). If no k gains `min_gain`, the sequence does not
   speculate, except for a one-token probe every `probe_every` steps that keeps
-  its acceptance estimate current. A weak draft therefore switches itself off
+  its acceptance estimate current (the interval doubles after every probe that
+  does not restart speculation, up to 8x). A weak draft therefore switches itself off
   instead of slowing the request down.
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fastmode.engine.sequence import Sequence
+from fastmode.speculative.step_curve import StepCurve
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,7 @@ class SpecConfig:
     max_draft_tokens: int = 6  # k upper bound
     max_batch: int = 4  # speculate only while at most this many sequences decode per step
     ema: float = 0.3  # weight of the newest acceptance observation
-    verify_cost: float = 0.05  # extra verify cost per drafted token, as a fraction of a plain decode step
+    verify_cost: float = 0.05  # prior extra verify cost per drafted token, as a fraction of a plain step (until measured)
     min_gain: float = 1.05  # speculate only when the expected speed-up is at least this (0 = always)
     probe_every: int = 16  # a sequence that stopped speculating retries one draft token every N steps
 
@@ -51,6 +55,7 @@ class SpecState:
     proposed: int = 0
     accepted: int = 0
     idle_steps: int = 0  # steps without speculation since the last draft (for probing)
+    probe_backoff: int = 1  # the probe interval's multiplier: doubles after each probe, up to 8
 
 
 @dataclass
@@ -83,6 +88,7 @@ class SpecPolicy:
         # (0.7, optimistic, until the method has been observed), so a draft that has been
         # failing is not tried at length on every new request.
         self.method_acceptance: dict[str, float] = {}
+        self.steps = StepCurve()  # step seconds by rows, fed by the engine (decode/verify steps only)
 
     def method_for(self, seq: Sequence) -> str:
         requested = seq.params.speculative
@@ -93,9 +99,19 @@ class SpecPolicy:
     def enabled_for_step(self, num_decoding: int) -> bool:
         return num_decoding <= self.config.max_batch
 
-    def num_draft_tokens(self, seq: Sequence, method: str = "ngram") -> int:
-        """k for this sequence's next step (0 = do not speculate): the k with the best
-        expected speed-up E(k) / (1 + k * c), E(k) = 1 + a + ... + a^k."""
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A step that computed `rows` decode/verify rows (no prompt chunk) took `seconds`."""
+        self.steps.observe(rows, seconds)
+
+    def verify_cost(self, batch: int, k: int) -> float:
+        """A step where `batch` sequences each verify k drafts, relative to a plain step."""
+        measured = self.steps.relative(batch, batch * k)
+        return measured if measured is not None else 1.0 + k * self.config.verify_cost
+
+    def num_draft_tokens(self, seq: Sequence, method: str = "ngram", batch: int = 1) -> int:
+        """k for this sequence's next step (0 = do not speculate) when `batch` sequences
+        decode together: the k with the best expected speed-up E(k) / (V(k) + k d),
+        E(k) = 1 + a + ... + a^k."""
         cfg = self.config
         st = self.states.get(seq.request_id)
         if st is None:
@@ -105,20 +121,22 @@ class SpecPolicy:
         if kmax <= 0:
             return 0
         a = min(st.acceptance, 0.95)
-        c = (self.draft_cost if method == "draft" else 0.0) + cfg.verify_cost
+        d = self.draft_cost if method == "draft" else 0.0
         best_k, best_gain, expected, a_pow = 0, 0.0, 1.0, 1.0
         for k in range(1, kmax + 1):
             a_pow *= a
             expected += a_pow
-            gain = expected / (1.0 + k * c)
+            gain = expected / (self.verify_cost(max(batch, 1), k) + k * d)
             if gain > best_gain:
                 best_k, best_gain = k, gain
         if best_gain >= cfg.min_gain:
             st.idle_steps = 0
+            st.probe_backoff = 1
             return best_k
         st.idle_steps += 1
-        if st.idle_steps >= cfg.probe_every:  # re-measure: the text may have turned repetitive
+        if st.idle_steps >= cfg.probe_every * st.probe_backoff:  # re-measure: the text may have turned repetitive
             st.idle_steps = 0
+            st.probe_backoff = min(2 * st.probe_backoff, 8)  # each probe that does not restart speculation waits longer
             return 1
         return 0
 

@@ -1,0 +1,60 @@
+"""Measured step time against the number of rows (tokens) a step computes. No torch.
+
+Speculation turns a decode step of B rows into a verify step of B(k+1) rows.
+What that costs depends on the engine and the batch: on the project's CPU a
+5-row step costs ~1.2x a 1-row step, but 8 rows at batch 4 cost ~1.6x a
+4-row step, and at 16 sequences a step's time grows almost linearly with its
+rows. A fixed per-token verify cost cannot describe all of that, so the policy
+asks this curve, which the engine feeds with every step that computed no
+prompt chunk (only decodes and verifications): an exponential moving average
+of the seconds per distinct row count, interpolated linearly in between and
+extrapolated along the slope of the two largest measured counts.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+
+class StepCurve:
+    def __init__(self, ema: float = 0.2):
+        if not 0 < ema <= 1:
+            raise ValueError(f"ema must be in (0, 1], got {ema}")
+        self.ema = ema
+        self._rows: list[int] = []  # sorted row counts with a measurement
+        self._seconds: dict[int, float] = {}
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if rows < 1 or seconds <= 0:
+            return
+        old = self._seconds.get(rows)
+        if old is None:
+            bisect.insort(self._rows, rows)
+            self._seconds[rows] = seconds
+        else:
+            self._seconds[rows] = (1 - self.ema) * old + self.ema * seconds
+
+    def seconds(self, rows: int) -> float | None:
+        """Estimated step time for `rows` rows; None with fewer than two measured counts
+        (unless `rows` itself was measured)."""
+        if rows in self._seconds:
+            return self._seconds[rows]
+        xs = self._rows
+        if len(xs) < 2:
+            return None
+        i = bisect.bisect_left(xs, rows)
+        if i == 0:
+            lo, hi = xs[0], xs[1]
+        elif i == len(xs):
+            lo, hi = xs[-2], xs[-1]
+        else:
+            lo, hi = xs[i - 1], xs[i]
+        y0, y1 = self._seconds[lo], self._seconds[hi]
+        return max(y0 + (y1 - y0) * (rows - lo) / (hi - lo), 1e-9)
+
+    def relative(self, batch: int, extra_rows: int) -> float | None:
+        """Time of a step with `batch + extra_rows` rows over one with `batch` rows."""
+        base, longer = self.seconds(batch), self.seconds(batch + extra_rows)
+        if base is None or longer is None:
+            return None
+        return max(longer / base, 1.0)  # more rows never make a step cheaper; noise can say otherwise
