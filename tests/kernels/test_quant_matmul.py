@@ -56,6 +56,8 @@ def test_matmul_matches_the_documented_arithmetic(qtype, int8):
     exact = x.double().numpy() @ w.T.astype(np.float64)
     ref = reference_int8(x.numpy(), w) if int8 else exact
     np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+    for rows in (slice(0, 1), slice(1, 4), slice(0, 8)):  # the direct path (up to 8 rows) for this format too
+        np.testing.assert_array_equal(K.quant_matmul(x[rows], raw, QTYPES[qtype], int8).numpy(), got[rows])
     if int8:  # 8-bit activations are visibly further from the exact product
         assert 1e-4 < np.abs(got - exact).max() / np.abs(exact).max() < 3e-2
 
