@@ -11,7 +11,7 @@ import torch
 
 from fastmode.engine.sampler import make_generator, probs_from_logits, sample_row
 from fastmode.engine.scheduler import ScheduledSeq, SchedulerOutput
-from fastmode.models.attention_batch import AttentionBatch, PrefillSpan
+from fastmode.models.attention_batch import AttentionBatch, PrefillSpan, decode_mask
 from fastmode.models.cpu_packing import can_pack, pack_linears
 from fastmode.models.llama import LlamaModel
 
@@ -52,9 +52,12 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> dict[str, list[int]]:
         """Run one step; returns request id -> accepted drafts + one new token
         (empty for a prompt chunk that does not reach the end of the prompt)."""
-        rows_ok = getattr(self.model, "kernels", None) is not None
-        spans = [s for s in out.scheduled if s.num_tokens > 1 and not (rows_ok and self._as_rows(s))]
-        decodes = [s for s in out.scheduled if s.num_tokens == 1 or (rows_ok and self._as_rows(s))]
+        fused_ops = getattr(self.model, "kernels", None) is not None
+        spans: list[ScheduledSeq] = []
+        decodes: list[ScheduledSeq] = []
+        for s in out.scheduled:
+            as_rows = s.num_tokens == 1 or (fused_ops and self._as_rows(s))
+            (decodes if as_rows else spans).append(s)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -102,10 +105,8 @@ class ModelRunner:
                     row_owner.append((s, k))
             batch.decode_block_tables = tables
             batch.decode_context_lens = torch.tensor(ctx_lens, dtype=torch.long)
-            if getattr(self.model, "kernels", None) is None:  # fastmode's decode attention reads the lengths instead
-                t = max_blocks * self.block_size
-                valid = torch.arange(t).unsqueeze(0) < batch.decode_context_lens.unsqueeze(1)  # (B, T)
-                batch.decode_mask = torch.zeros(len(ctx_lens), 1, 1, t).masked_fill(~valid[:, None, None, :], float("-inf"))
+            if not fused_ops:
+                batch.decode_mask = decode_mask(batch.decode_context_lens, max_blocks * self.block_size)
         batch.slot_mapping = torch.tensor(slots, dtype=torch.long)
 
         logits = self.model(

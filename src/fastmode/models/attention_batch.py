@@ -36,3 +36,11 @@ class AttentionBatch:
     decode_block_tables: torch.Tensor | None = None  # (Bd, max_blocks) long
     decode_mask: torch.Tensor | None = None  # (Bd, 1, 1, T) float additive: 0 or -inf
     decode_context_lens: torch.Tensor | None = None  # (Bd,) long: tokens each decoding sequence attends to
+
+
+def decode_mask(context_lens: torch.Tensor, width: int) -> torch.Tensor:
+    """The additive mask PyTorch's decode attention needs when block tables are padded to `width`
+    tokens: 0 for each row's first context_lens[i] keys, -inf after. (fastmode's paged decode
+    kernel reads the lengths instead.)"""
+    valid = torch.arange(width).unsqueeze(0) < context_lens.unsqueeze(1)  # (B, T)
+    return torch.zeros(len(context_lens), 1, 1, width).masked_fill(~valid[:, None, None, :], float("-inf"))

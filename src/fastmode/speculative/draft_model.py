@@ -17,7 +17,7 @@ import torch
 
 from fastmode.engine.block_manager import BlockManager
 from fastmode.engine.sequence import Sequence
-from fastmode.models.attention_batch import AttentionBatch, PrefillSpan
+from fastmode.models.attention_batch import AttentionBatch, PrefillSpan, decode_mask
 from fastmode.models.llama import LlamaModel
 
 
@@ -140,7 +140,6 @@ class DraftModelProposer:
             batch.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
             batch.decode_context_lens = torch.tensor(lens, dtype=torch.long)
             if getattr(self.model, "kernels", None) is None:  # PyTorch attention masks the padding instead
-                valid = torch.arange(width * bs).unsqueeze(0) < batch.decode_context_lens.unsqueeze(1)
-                batch.decode_mask = torch.zeros(len(lens), 1, 1, width * bs).masked_fill(~valid[:, None, None, :], float("-inf"))
+                batch.decode_mask = decode_mask(batch.decode_context_lens, width * bs)
         logits = self.model(torch.tensor(ids), torch.tensor(pos), batch, self.kv_caches, torch.tensor(rows))
         return logits.argmax(-1).tolist()
