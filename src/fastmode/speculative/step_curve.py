@@ -1,10 +1,10 @@
 """Measured step time against the number of rows (tokens) a step computes. No torch.
 
 Speculation turns a decode step of B rows into a verify step of B(k+1) rows.
-What that costs depends on the engine and the batch: on the project's CPU a
-5-row step costs ~1.2x a 1-row step, but 8 rows at batch 4 cost ~1.6x a
-4-row step, and at 16 sequences a step's time grows almost linearly with its
-rows. A fixed per-token verify cost cannot describe all of that, so the policy
+What that costs depends on the engine and the batch: on the project's CPU the
+matmuls of a 4-row step cost ~1.3x a 1-row step, 8 rows ~1.6x 4 rows, and from
+16 rows on a step's time grows almost linearly with its rows
+(`benchmarks/kernels.py`). A fixed per-token verify cost cannot describe all of that, so the policy
 asks this curve, which the engine feeds with every step that computed no
 prompt chunk (only decodes and verifications): an exponential moving average
 of the seconds per distinct row count, interpolated linearly in between and

@@ -215,8 +215,8 @@ inline void rows_direct_f32(const uint8_t* w, int64_t row_bytes, int64_t nb, con
 template <int QT, int MR>
 inline void sweep_direct(const uint8_t* wp, int64_t row_bytes, int64_t n0, int64_t n1, int64_t nb, const float* x,
                          int64_t ldx, float* out, int64_t ldo) {
-  // Two weight rows in flight: more parallel row streams measured slower at one row (four: ~20%
-  // slower for all layers at batch 1, eight: ~40%), one leaves a single FMA chain per block.
+  // Two weight rows in flight: more parallel row streams (four, eight) measured slower at one row
+  // on the project's VM; one leaves a single FMA chain per block.
   constexpr int NR = MR <= 4 ? 2 : 1;  // at most 8 accumulators + 4 dequantized vectors + x
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) rows_direct_f32<QT, NR, MR>(wp + n * row_bytes, row_bytes, nb, x, ldx, out + n, ldo);

@@ -1,0 +1,116 @@
+"""fastmode's CPU kernels against PyTorch on the same values, op by op.
+
+    .venv/bin/python benchmarks/kernels.py --threads 2
+
+Rows printed, each beside its PyTorch peer measured in the same run:
+- every linear of the default model (q/k/v and gate/up fused, the tied output
+  head last) at 1-512 activation rows: `quant_matmul` on the GGUF blocks
+  against `F.linear` (oneDNN/MKL) on their exact fp32 dequantization;
+- the output head alone at one row (the largest single weight);
+- decode attention for 16 sequences x ~228 tokens over a paged cache:
+  `paged_decode_attention` against the PyTorch path fastmode uses without its
+  kernels (gather the blocks, matmul, masked softmax, matmul).
+Times are the minimum over repeats (this VM's noise is one-sided).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def best_of(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def linears(model):
+    from fastmode.models.quant_linear import QuantLinear
+
+    return [m for m in model.modules() if isinstance(m, QuantLinear)]
+
+
+def bench_matmuls(k, mods, rows: list[int], repeats: int) -> None:
+    dense = [_dequantized(k, m) for m in mods]  # the exact values the blocks encode
+    print(f"{'rows':>5} {'fastmode ms':>12} {'PyTorch fp32 ms':>16} {'ratio':>6}   (all {len(mods)} linears)")
+    for m_rows in rows:
+        xs = {K: torch.randn(m_rows, K) for K in {m.in_features for m in mods}}
+        ours = best_of(lambda: [k.quant_matmul(xs[m.in_features], m.qweight, m.qtype, False) for m in mods], repeats)
+        peer = best_of(lambda: [F.linear(xs[m.in_features], w) for m, w in zip(mods, dense)], repeats)
+        print(f"{m_rows:>5} {ours * 1e3:>12.2f} {peer * 1e3:>16.2f} {peer / ours:>5.2f}x", flush=True)
+    head, w = mods[-1], dense[-1]
+    x = torch.randn(1, head.in_features)
+    ours = best_of(lambda: k.quant_matmul(x, head.qweight, head.qtype, False), repeats * 3)
+    peer = best_of(lambda: F.linear(x, w), repeats * 3)
+    print(f"output head alone ({head.out_features} x {head.in_features}), 1 row: fastmode {ours * 1e3:.2f} ms, "
+          f"PyTorch fp32 {peer * 1e3:.2f} ms ({peer / ours:.2f}x)")
+
+
+def _dequantized(k, m) -> torch.Tensor:
+    return k.quant_dequantize(m.qweight, m.qtype, m.in_features, torch.empty(0, dtype=torch.long))
+
+
+def bench_attention(k, repeats: int, batch: int = 16, ctx: int = 228) -> None:
+    from fastmode.models.attention_batch import decode_mask
+
+    heads, kv_heads, hd, bs = 9, 3, 64, 16  # SmolLM2-135M's attention shape, the engine's block size
+    per_seq = (ctx + bs - 1) // bs
+    g = torch.Generator().manual_seed(0)
+    kc, vc = torch.randn(batch * per_seq + 1, bs, kv_heads, hd, generator=g), torch.randn(batch * per_seq + 1, bs, kv_heads, hd, generator=g)
+    tables = torch.randperm(batch * per_seq, generator=g).view(batch, per_seq) + 1
+    lens = torch.full((batch,), ctx, dtype=torch.long)
+    lens[::3] -= 37  # ragged contexts
+    q = torch.randn(batch, heads, hd, generator=g)
+    mask = decode_mask(lens, per_seq * bs)
+
+    def torch_path():  # what models/llama.py does without the kernels
+        kk = kc[tables].flatten(1, 2)
+        vv = vc[tables].flatten(1, 2)
+        qq = q.view(batch, kv_heads, heads // kv_heads, hd)
+        p = torch.softmax(torch.matmul(qq, kk.permute(0, 2, 3, 1)) * hd**-0.5 + mask, dim=-1)
+        return torch.matmul(p, vv.transpose(1, 2)).reshape(batch, heads, hd)
+
+    ours_out = k.paged_decode_attention(q, kc, vc, tables, lens, hd**-0.5)
+    err = (ours_out - torch_path()).abs().max().item()
+    ours = best_of(lambda: k.paged_decode_attention(q, kc, vc, tables, lens, hd**-0.5), repeats * 3)
+    peer = best_of(torch_path, repeats * 3)
+    print(f"decode attention, {batch} seqs x ~{ctx} tokens, one layer: fastmode {ours * 1e3:.3f} ms, "
+          f"PyTorch {peer * 1e3:.3f} ms ({peer / ours:.2f}x); max |difference| {err:.1e}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rows", default="1,4,8,16,64,512")
+    p.add_argument("--repeats", type=int, default=10)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from fastmode.kernels import ops, unavailable_reason
+    from fastmode.loader import load_model
+
+    k = ops()
+    if k is None:
+        raise SystemExit(f"kernels unavailable: {unavailable_reason()}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.common import machine
+
+    loaded = load_model(None)
+    print(f"machine: {machine()}  model: {loaded.name} ({loaded.weight_format})")
+    with torch.inference_mode():
+        bench_matmuls(k, linears(loaded.model), [int(r) for r in args.rows.split(",")], args.repeats)
+        bench_attention(k, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
