@@ -40,17 +40,17 @@ def linears(model):
     return [m for m in model.modules() if isinstance(m, QuantLinear)]
 
 
-def bench_matmuls(k, mods, rows: list[int], repeats: int) -> None:
+def bench_matmuls(k, mods, rows: list[int], repeats: int, int8: bool = False) -> None:
     dense = [_dequantized(k, m) for m in mods]  # the exact values the blocks encode
     print(f"{'rows':>5} {'fastmode ms':>12} {'PyTorch fp32 ms':>16} {'ratio':>6}   (all {len(mods)} linears)")
     for m_rows in rows:
         xs = {K: torch.randn(m_rows, K) for K in {m.in_features for m in mods}}
-        ours = best_of(lambda: [k.quant_matmul(xs[m.in_features], m.qweight, m.qtype, False) for m in mods], repeats)
+        ours = best_of(lambda: [k.quant_matmul(xs[m.in_features], m.qweight, m.qtype, int8) for m in mods], repeats)
         peer = best_of(lambda: [F.linear(xs[m.in_features], w) for m, w in zip(mods, dense)], repeats)
         print(f"{m_rows:>5} {ours * 1e3:>12.2f} {peer * 1e3:>16.2f} {peer / ours:>5.2f}x", flush=True)
     head, w = mods[-1], dense[-1]
     x = torch.randn(1, head.in_features)
-    ours = best_of(lambda: k.quant_matmul(x, head.qweight, head.qtype, False), repeats * 3)
+    ours = best_of(lambda: k.quant_matmul(x, head.qweight, head.qtype, int8), repeats * 3)
     peer = best_of(lambda: F.linear(x, w), repeats * 3)
     print(f"output head alone ({head.out_features} x {head.in_features}), 1 row: fastmode {ours * 1e3:.2f} ms, "
           f"PyTorch fp32 {peer * 1e3:.2f} ms ({peer / ours:.2f}x)")
@@ -93,6 +93,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rows", default="1,4,8,16,64,512")
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--int8-activations", action="store_true",
+                   help="fastmode quantizes activations to int8 per block (native-int8) instead of fp32")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -108,7 +110,7 @@ def main() -> None:
     loaded = load_model(None)
     print(f"machine: {machine()}  model: {loaded.name} ({loaded.weight_format})")
     with torch.inference_mode():
-        bench_matmuls(k, linears(loaded.model), [int(r) for r in args.rows.split(",")], args.repeats)
+        bench_matmuls(k, linears(loaded.model), [int(r) for r in args.rows.split(",")], args.repeats, args.int8_activations)
         bench_attention(k, args.repeats)
 
 
