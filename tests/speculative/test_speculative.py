@@ -109,6 +109,42 @@ def test_policy_weighs_draft_model_cost_against_acceptance():
     assert always.num_draft_tokens(seq, "draft") >= 1
 
 
+def test_policy_skips_probes_whose_catch_up_no_acceptance_could_repay():
+    """At batch 4 on a steep step curve even 95% acceptance loses. An n-gram probe costs one
+    row and refreshes the curve, so it still happens; a draft-model probe would first run
+    every token generated since the last draft, so it does not. At batch 1 both probe."""
+    pol = SpecPolicy(SpecConfig(method="draft", tiers=("fast",), max_draft_tokens=6))
+    for rows, ms in ((1, 16.0), (2, 16.4), (4, 20.0), (8, 44.0), (12, 66.0), (28, 160.0)):
+        pol.observe_step(rows, ms / 1000)
+    seq = Sequence("f", [1, 2], SamplingParams(max_tokens=500), Tier.FAST)
+    for _ in range(20):
+        pol.observe(seq, 3, 0)  # acceptance -> ~0
+    every = pol.config.probe_every
+    assert any(pol.num_draft_tokens(seq, "ngram", batch=4) for _ in range(2 * every))
+    assert not any(pol.num_draft_tokens(seq, "draft", batch=4, catch_up=40) for _ in range(20 * every))
+    assert any(pol.num_draft_tokens(seq, "draft", batch=1, catch_up=40) for _ in range(8 * every))
+
+
+def test_policy_charges_the_draft_models_catch_up():
+    """A draft model that must first run a long prompt pays only over enough remaining tokens."""
+    pol = SpecPolicy(SpecConfig(method="draft", tiers=("fast",), max_draft_tokens=6))
+    pol.draft_cost = 0.1
+    for _ in range(30):
+        pol.observe_catch_up(0.004, 1, 0.020)  # one catch-up token costs a fifth of a plain step
+    assert pol.catch_up_cost == pytest.approx(0.2)
+    assert pol.catch_up_steps(100) == pytest.approx(20.0)
+    short = Sequence("s", list(range(100)), SamplingParams(max_tokens=20), Tier.FAST)
+    long = Sequence("l", list(range(100)), SamplingParams(max_tokens=2000), Tier.FAST)
+    for seq in (short, long):
+        for _ in range(20):
+            pol.observe(seq, 4, 3)  # acceptance -> 0.75
+    assert pol.num_draft_tokens(short, "draft", catch_up=100) == 0  # 20 steps of catch-up for < 20 tokens
+    assert pol.num_draft_tokens(short, "draft", catch_up=1) >= 1  # already caught up: drafting pays
+    assert pol.num_draft_tokens(long, "draft", catch_up=100) >= 1  # amortised over ~2000 tokens
+    # n-gram drafting has no catch-up: the argument is ignored.
+    assert pol.num_draft_tokens(short, "ngram", catch_up=100) >= 1
+
+
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir):
     return LLM(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01, speculative_max_batch=8)

@@ -95,6 +95,8 @@ class LLMEngine:
         self.num_steps = 0
         self.busy_s = 0.0  # wall time spent in steps
         self._draft_round_s: float | None = None  # this step's draft-model time per round
+        self._catch_up: tuple[float, int] | None = None  # this step's draft catch-up (seconds, tokens)
+        self._draft_batch = 1  # sequences decoding together when the drafts were proposed
         self.last_error: Exception | None = None
         _freeze_startup_objects()
 
@@ -169,7 +171,8 @@ class LLMEngine:
             method = self.spec.method_for(seq)
             if method == "off":
                 continue
-            k = self.spec.num_draft_tokens(seq, method, batch)
+            behind = self.drafter.catch_up_tokens(seq) if method == "draft" and self.drafter is not None else 0
+            k = self.spec.num_draft_tokens(seq, method, batch, behind)
             if k and method == "ngram":
                 seq.draft_token_ids = propose_ngram(seq.token_ids, k)
             elif k and method == "draft" and self.drafter is not None:
@@ -177,11 +180,14 @@ class LLMEngine:
         if by_model:  # one batched draft run for every sequence that uses the draft model
             drafts = self.drafter.propose([s for s, _ in by_model], [k for _, k in by_model])
             self._draft_round_s = self.drafter.last_round_s  # None after a prompt catch-up: not a round's cost
+            self._catch_up = self.drafter.last_catch_up
+            self._draft_batch = batch
             for (seq, _), d in zip(by_model, drafts):
                 seq.draft_token_ids = d
 
     def step(self) -> list[RequestOutput]:
         self._draft_round_s = None
+        self._catch_up = None
         self._propose_drafts()
         out = self.scheduler.schedule(self.clock())
         if out.is_empty:
@@ -202,6 +208,9 @@ class LLMEngine:
         attribute_step(out, step_s)
         if self._draft_round_s is not None:  # the policy weighs draft-model cost against this step's
             self.spec.observe_draft_cost(self._draft_round_s, step_s)
+        if self._catch_up is not None:  # priced against a plain step at this batch where one was measured
+            plain_s = self.spec.steps.seconds(self._draft_batch) or step_s
+            self.spec.observe_catch_up(*self._catch_up, plain_s)
         if all(s.num_tokens - s.num_draft_tokens == 1 for s in out.scheduled):  # decodes and verifications only
             self.spec.observe_step(sum(s.num_tokens for s in out.scheduled), step_s)
         for s in out.scheduled:

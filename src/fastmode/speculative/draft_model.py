@@ -45,6 +45,14 @@ class DraftModelProposer:
         # single-token rounds, or round 0 when no sequence had more than a couple of tokens to
         # catch up on; None when only a long catch-up (a prompt) ran, which is not a round's cost.
         self.last_round_s: float | None = None
+        # (seconds, tokens) of the last propose()'s catch-up when it ran more than a couple of
+        # tokens per sequence (a prompt, or text generated while the sequence did not draft).
+        self.last_catch_up: tuple[float, int] | None = None
+
+    def catch_up_tokens(self, seq: Sequence) -> int:
+        """Tokens of `seq` the draft has not run yet: what drafting for it next would first cost."""
+        sh = self.shadows.get(seq.request_id)
+        return len(seq) - (sh.num_computed_tokens if sh is not None else 0)
 
     def release(self, request_id: str) -> None:
         sh = self.shadows.pop(request_id, None)
@@ -76,13 +84,17 @@ class DraftModelProposer:
                 live.append((i, seq, sh))
         drafts: list[list[int]] = [[] for _ in seqs]
         self.last_round_s = None
+        self.last_catch_up = None
         if not live:
             return drafts
         # Round 0: catch up on real tokens (a span per sequence), take the next token.
         t0 = time.perf_counter()
-        catch_up = max(len(seq) - sh.num_computed_tokens for _, seq, sh in live)
+        behind = [len(seq) - sh.num_computed_tokens for _, seq, sh in live]
         tokens = self._forward([(seq.token_ids[sh.num_computed_tokens :], sh) for _, seq, sh in live])
         round0_s = time.perf_counter() - t0
+        catch_up = max(behind)
+        if catch_up > 2:
+            self.last_catch_up = (round0_s, sum(behind))
         for (i, seq, sh), t in zip(live, tokens):
             sh.pending_start = len(seq)
             sh.num_computed_tokens = len(seq)

@@ -16,7 +16,15 @@
   speculate, except for a one-token probe every `probe_every` steps that keeps
   its acceptance estimate current (the interval doubles after every probe that
   does not restart speculation, up to 8x). A weak draft therefore switches itself off
-  instead of slowing the request down.
+  instead of slowing the request down. (Probes also refresh the step curve at the
+  verify widths, so a noisy measurement there cannot switch speculation off for good.)
+- Draft catch-up: before its first draft for a sequence, and after steps without
+  drafting, the draft model must first run the tokens it has not seen (the prompt,
+  at first). That costs C steps once (seconds per token measured by the engine,
+  EMA). Over the R tokens the request may still produce, speculating at gain G
+  costs R / G + C steps instead of R, so the draft method needs
+  R / (R / G + C) >= `min_gain`. A probe that needs a catch-up is skipped where even
+  95% acceptance could not repay it.
 """
 
 from __future__ import annotations
@@ -89,6 +97,9 @@ class SpecPolicy:
         # failing is not tried at length on every new request.
         self.method_acceptance: dict[str, float] = {}
         self.steps = StepCurve()  # step seconds by rows, fed by the engine (decode/verify steps only)
+        # The draft model's catch-up seconds per token over a plain step's seconds (EMA). The prior:
+        # one token of a batched catch-up costs about a tenth of a drafting round.
+        self.catch_up_cost: float | None = None
 
     def method_for(self, seq: Sequence) -> str:
         requested = seq.params.speculative
@@ -108,10 +119,27 @@ class SpecPolicy:
         measured = self.steps.relative(batch, batch * k)
         return measured if measured is not None else 1.0 + k * self.config.verify_cost
 
-    def num_draft_tokens(self, seq: Sequence, method: str = "ngram", batch: int = 1) -> int:
+    def _best_k(self, a: float, kmax: int, batch: int, d: float) -> tuple[int, float]:
+        """(k, E(k) / (V(k) + k d)) with the best expected speed-up at acceptance a."""
+        best_k, best_gain, expected, a_pow = 0, 0.0, 1.0, 1.0
+        for k in range(1, kmax + 1):
+            a_pow *= a
+            expected += a_pow
+            gain = expected / (self.verify_cost(max(batch, 1), k) + k * d)
+            if gain > best_gain:
+                best_k, best_gain = k, gain
+        return best_k, best_gain
+
+    def catch_up_steps(self, tokens: int) -> float:
+        """What the draft model's catch-up on `tokens` unseen tokens costs, in plain steps."""
+        per_token = self.catch_up_cost if self.catch_up_cost is not None else self.draft_cost / 10
+        return tokens * per_token
+
+    def num_draft_tokens(self, seq: Sequence, method: str = "ngram", batch: int = 1, catch_up: int = 0) -> int:
         """k for this sequence's next step (0 = do not speculate) when `batch` sequences
         decode together: the k with the best expected speed-up E(k) / (V(k) + k d),
-        E(k) = 1 + a + ... + a^k."""
+        E(k) = 1 + a + ... + a^k. `catch_up`: tokens the draft model has to run before
+        it can draft for this sequence (draft method only)."""
         cfg = self.config
         st = self.states.get(seq.request_id)
         if st is None:
@@ -120,25 +148,32 @@ class SpecPolicy:
         kmax = min(cfg.max_draft_tokens, remaining)
         if kmax <= 0:
             return 0
-        a = min(st.acceptance, 0.95)
         d = self.draft_cost if method == "draft" else 0.0
-        best_k, best_gain, expected, a_pow = 0, 0.0, 1.0, 1.0
-        for k in range(1, kmax + 1):
-            a_pow *= a
-            expected += a_pow
-            gain = expected / (self.verify_cost(max(batch, 1), k) + k * d)
-            if gain > best_gain:
-                best_k, best_gain = k, gain
-        if best_gain >= cfg.min_gain:
+        cost = self.catch_up_steps(catch_up) if method == "draft" and catch_up > 1 else 0.0
+
+        def net(gain: float) -> float:  # the speed-up over the rest of the request, catch-up paid
+            return remaining / (remaining / gain + cost) if gain > 0 else 0.0
+
+        best_k, best_gain = self._best_k(min(st.acceptance, 0.95), kmax, batch, d)
+        if net(best_gain) >= cfg.min_gain:
             st.idle_steps = 0
             st.probe_backoff = 1
             return best_k
+        if cost > 0 and net(self._best_k(0.95, kmax, batch, d)[1]) < cfg.min_gain:
+            return 0  # a probe would pay the catch-up, and no acceptance it could measure would repay it
         st.idle_steps += 1
         if st.idle_steps >= cfg.probe_every * st.probe_backoff:  # re-measure: the text may have turned repetitive
             st.idle_steps = 0
             st.probe_backoff = min(2 * st.probe_backoff, 8)  # each probe that does not restart speculation waits longer
             return 1
         return 0
+
+    def observe_catch_up(self, seconds: float, tokens: int, step_s: float) -> None:
+        """The draft model ran `tokens` catch-up tokens in `seconds`; a plain step takes `step_s`."""
+        if tokens > 0 and seconds >= 0 and step_s > 0:
+            x = seconds / tokens / step_s
+            w = self.config.ema
+            self.catch_up_cost = x if self.catch_up_cost is None else (1 - w) * self.catch_up_cost + w * x
 
     def observe_draft_cost(self, draft_round_s: float, step_s: float) -> None:
         """One draft-model round took `draft_round_s`; the target step it fed took `step_s`."""
