@@ -11,6 +11,12 @@
 3. Tiered load: one seeded workload (fast / standard / flex arrivals) is replayed on the
    real engine in wall-clock time and simulated with the same scheduler config and the
    calibrated cost model. Per-tier mean TTFT and TPOT are compared. Target: <= 15%.
+   Also printed, as a diagnostic and not for the verdict: the simulation at the speed
+   the engine actually ran during the load (one scalar from its own steps). This VM's
+   speed drifts by 10-30% within a minute; that variant separates the drift from the
+   cost model's balance between decode and prefill steps and from the queueing.
+   (Re-anchoring on calibration points re-measured just before the load was tried and
+   dropped: the drift changes faster than the load test lasts.)
 
 Prints a table with the machine and writes everything as JSON (--out).
 """
@@ -158,7 +164,28 @@ def step_errors_in_situ(real, cm) -> dict:
     return out
 
 
+def tier_errors(real_t: dict, sim_t: dict) -> dict:
+    out = {}
+    for t in real_t:
+        a, b = real_t[t], sim_t[t]
+        out[t] = {"num_requests": a.num_requests,
+                  "real": {"ttft_mean_s": a.ttft_mean_s, "ttft_p50_s": a.ttft_p50_s, "tpot_mean_s": a.tpot_mean_s,
+                           "tok_s_p50": a.tok_s_p50},
+                  "sim": {"ttft_mean_s": b.ttft_mean_s, "ttft_p50_s": b.ttft_p50_s, "tpot_mean_s": b.tpot_mean_s,
+                          "tok_s_p50": b.tok_s_p50},
+                  "ttft_error": err(b.ttft_mean_s, a.ttft_mean_s), "tpot_error": err(b.tpot_mean_s, a.tpot_mean_s)}
+    return out
+
+
+def slowed(cm, factor: float):
+    import dataclasses
+
+    return dataclasses.replace(cm, hardware=cm.hardware.slowed(factor))
+
+
 def load_test(args, loaded, cm, log) -> dict:
+    """Replay a tiered load on the engine and simulate it with the calibrated cost model, and
+    again at the speed the engine actually ran during the load (one scalar from its own steps)."""
     from fastmode.calibrate.replay import replay
     from fastmode.engine.config import EngineConfig
     from fastmode.engine.llm_engine import LLMEngine
@@ -175,18 +202,16 @@ def load_test(args, loaded, cm, log) -> dict:
     log(f"replaying {len(workload)} requests on the real engine...")
     real = replay(engine, workload, seed=args.seed, clock=args.clock)
     sim = simulate(workload, cm, SimConfig(engine.scheduler_config, usd))
-    real_t, sim_t = summarize(real.requests), summarize(sim.requests)
+    real_t = summarize(real.requests)
     in_situ = step_errors_in_situ(real, cm)
-    tiers = {}
-    for t in real_t:
-        a, b = real_t[t], sim_t[t]
-        tiers[t] = {"num_requests": a.num_requests,
-                    "real": {"ttft_mean_s": a.ttft_mean_s, "ttft_p50_s": a.ttft_p50_s, "tpot_mean_s": a.tpot_mean_s,
-                             "tok_s_p50": a.tok_s_p50},
-                    "sim": {"ttft_mean_s": b.ttft_mean_s, "ttft_p50_s": b.ttft_p50_s, "tpot_mean_s": b.tpot_mean_s,
-                            "tok_s_p50": b.tok_s_p50},
-                    "ttft_error": err(b.ttft_mean_s, a.ttft_mean_s), "tpot_error": err(b.tpot_mean_s, a.tpot_mean_s)}
-    return {"rate_per_s": rate, "num_requests": len(workload), "tiers": tiers, "steps_in_situ": in_situ,
+    measured = sum(g["measured_mean_s"] * g["num_steps"] for g in in_situ.values())
+    predicted = sum(g["predicted_mean_s"] * g["num_steps"] for g in in_situ.values())
+    during = measured / predicted if predicted > 0 else 1.0
+    tiers = tier_errors(real_t, summarize(sim.requests))
+    at_speed = simulate(workload, slowed(cm, during), SimConfig(engine.scheduler_config, usd))
+    return {"rate_per_s": rate, "num_requests": len(workload), "tiers": tiers,
+            "at_in_situ_speed": {"factor": during, "tiers": tier_errors(real_t, summarize(at_speed.requests))},
+            "steps_in_situ": in_situ,
             "real": {"makespan_s": real.makespan_s, "busy_s": real.busy_s, "num_steps": real.num_steps,
                      "mean_step_s": statistics.fmean(s[1] for s in real.steps), "mean_lateness_s": real.mean_lateness_s},
             "sim": {"makespan_s": sim.makespan_s, "busy_s": sim.busy_s, "num_steps": sim.num_steps,
@@ -240,6 +265,9 @@ def print_report(rep: dict) -> None:
     print(f"  makespan real {L['real']['makespan_s']:.1f} s, sim {L['sim']['makespan_s']:.1f} s; steps real "
           f"{L['real']['num_steps']}, sim {L['sim']['num_steps']}; mean step real {L['real']['mean_step_s'] * 1e3:.1f} ms, "
           f"sim {L['sim']['mean_step_s'] * 1e3:.1f} ms")
+    V = L["at_in_situ_speed"]
+    print(f"  diagnostic, simulated at the speed the engine ran during the load (x{V['factor']:.3f}): " + ", ".join(
+        f"{t} TTFT {r['ttft_error']:+.1%} TPOT {r['tpot_error']:+.1%}" for t, r in V["tiers"].items()))
     print("  in situ: the cost model on the real engine's own steps under this load")
     for kind, r in L["steps_in_situ"].items():
         print(f"    {kind:<16}{r['num_steps']:>5} steps  measured {r['measured_mean_s'] * 1e3:7.1f} ms  "

@@ -158,3 +158,18 @@ def test_planner_never_imports_torch():
     code = ("import sys, fastmode.planner.command, fastmode.planner.chain_command, fastmode.planner.fleet; "
             "from fastmode.planner.command import build_report; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_slowed_machine_takes_proportionally_longer_for_every_step_shape(h100):
+    """Hardware.slowed(f) (re-anchoring a calibration to a drifted machine) scales every step by f:
+    memory-bound, compute-bound, tensor-parallel and with calibrated per-step terms."""
+    m = load_model("llama-3.1-70b")
+    hw = dataclasses.replace(h100, overhead_s=0.002, per_token_s=1e-6, per_seq_s=2e-5, per_kv_token_s=1e-9)
+    slow = hw.slowed(1.25)
+    for chunks, ctx in (((), [1024] * 4), (((2048, 0),), []), (((256, 512),), [300] * 64)):
+        a, b = CostModel(hw, m, tp=8).step_cost(chunks, ctx), CostModel(slow, m, tp=8).step_cost(chunks, ctx)
+        assert b.total_s == pytest.approx(1.25 * a.total_s)
+        assert b.bound == a.bound
+    assert hw.slowed(1.0) == hw
+    with pytest.raises(ValueError):
+        hw.slowed(0.0)

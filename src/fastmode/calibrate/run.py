@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,22 @@ def engine_model_spec(loaded: LoadedModel) -> tuple[ModelSpec, str]:
     return ModelSpec.from_config(loaded.name, loaded.config, default_format=fmt), fmt
 
 
+def measure_interleaved(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[StepPoint]:
+    """The decode sweep one context at a time, each followed by the prefill sweep of one chunk size.
+
+    A shared machine's speed drifts by 10-30% within minutes; measuring every decode point first
+    and every prefill point after would let that drift skew the fit's balance between the two
+    (what a mixed workload's TTFT depends on). Interleaved, a slow spell hits both kinds."""
+    points: list[StepPoint] = []
+    ctxs, chunks = sorted(sweep.contexts), sorted(sweep.chunk_sizes)
+    for i in range(max(len(ctxs), len(chunks))):
+        if i < len(ctxs):
+            points += measure_decode(loaded, dataclasses.replace(sweep, contexts=(ctxs[i],)), progress)
+        if i < len(chunks):
+            points += measure_prefill(loaded, dataclasses.replace(sweep, chunk_sizes=(chunks[i],)), progress)
+    return points
+
+
 def calibrate_loaded(loaded: LoadedModel, sweep: SweepConfig, hardware: str = "local",
                      usd_per_hour: float | None = None, progress: Progress = lambda s: None,
                      points: list[StepPoint] | None = None, fitted_from: str = "") -> CalibrationRun:
@@ -45,7 +62,7 @@ def calibrate_loaded(loaded: LoadedModel, sweep: SweepConfig, hardware: str = "l
         torch.set_num_threads(sweep.num_threads)
     spec, fmt = engine_model_spec(loaded)
     if points is None:
-        points = measure_decode(loaded, sweep, progress) + measure_prefill(loaded, sweep, progress)
+        points = measure_interleaved(loaded, sweep, progress)
         fitted_from = (f"fastmode calibrate: {loaded.name} {fmt}, batches {min(sweep.batches)}-{max(sweep.batches)}, "
                        f"contexts {','.join(map(str, sweep.contexts))}, chunks {','.join(map(str, sweep.chunk_sizes))}, "
                        f"{torch.get_num_threads()} threads, {sweep.clock} clock")

@@ -82,6 +82,18 @@ class Hardware:
     def usable_mem_bytes(self) -> float:
         return self.mem_bytes * self.usable_mem_frac
 
+    def slowed(self, factor: float) -> "Hardware":
+        """This machine with every time it takes multiplied by `factor` (rates divided by it):
+        e.g. re-anchoring a calibration to a shared machine that runs 20% slower now (1.2)."""
+        if factor <= 0:
+            raise ValueError("factor must be > 0")
+        times = ("allreduce_latency_s", "scaleout_latency_s", "overhead_s", "per_token_s", "per_seq_s",
+                 "per_kv_token_s", "layer_floor_s", "hop_latency_s")
+        rates = ("mem_bw_bytes_per_s", "link_bw_bytes_per_s", "scaleout_bw_bytes_per_s")
+        return dataclasses.replace(self, peak_tflops={k: v / factor for k, v in self.peak_tflops.items()},
+                                   **{k: getattr(self, k) * factor for k in times},
+                                   **{k: getattr(self, k) / factor for k in rates})
+
     def peak_flops(self, compute_dtype: str) -> float:
         """Peak FLOP/s for a compute dtype; falls back to bf16 when the device lacks it."""
         return 1e12 * self.peak_tflops.get(compute_dtype, self.peak_tflops["bf16"])
