@@ -143,6 +143,12 @@ def test_policy_charges_the_draft_models_catch_up():
     assert pol.num_draft_tokens(long, "draft", catch_up=100) >= 1  # amortised over ~2000 tokens
     # n-gram drafting has no catch-up: the argument is ignored.
     assert pol.num_draft_tokens(short, "ngram", catch_up=100) >= 1
+    for _ in range(20):
+        pol.observe(long, 4, 0)  # the draft stops paying: acceptance -> ~0
+    # Each probe would first run every token generated since the last draft, a fifth of a step
+    # apiece: more than the 5% margin of the steps it follows, so there is none.
+    assert not any(pol.num_draft_tokens(long, "draft", catch_up=i + 1) for i in range(300))
+    assert any(pol.num_draft_tokens(long, "ngram") for _ in range(300))  # n-gram probes are free
 
 
 @pytest.fixture(scope="module")

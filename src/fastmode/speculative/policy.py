@@ -24,7 +24,10 @@
   EMA). Over the R tokens the request may still produce, speculating at gain G
   costs R / G + C steps instead of R, so the draft method needs
   R / (R / G + C) >= `min_gain`. A probe that needs a catch-up is skipped where even
-  95% acceptance could not repay it.
+  95% acceptance could not repay it, and where the catch-up would cost more than
+  (min_gain - 1) of the idle steps it follows: probing then stays within the
+  policy's own margin (it rarely probes a draft model whose catch-up costs more
+  than 5% of a step per token; such a draft, once it stops paying, stays off).
 """
 
 from __future__ import annotations
@@ -162,6 +165,8 @@ class SpecPolicy:
         if cost > 0 and net(self._best_k(0.95, kmax, batch, d)[1]) < cfg.min_gain:
             return 0  # a probe would pay the catch-up, and no acceptance it could measure would repay it
         st.idle_steps += 1
+        if cost > max(cfg.min_gain - 1, 0.0) * st.idle_steps:
+            return 0  # a draft probe's catch-up would cost more than min_gain's share of the steps it follows
         if st.idle_steps >= cfg.probe_every * st.probe_backoff:  # re-measure: the text may have turned repetitive
             st.idle_steps = 0
             st.probe_backoff = min(2 * st.probe_backoff, 8)  # each probe that does not restart speculation waits longer

@@ -367,7 +367,11 @@ inline void dot_rows_int8(const uint8_t* wrow, int64_t nb, const QuantRows& x, i
   __m256 even[MR], odd[MR];
   for (int r = 0; r < MR; ++r) even[r] = odd[r] = _mm256_setzero_ps();
   int64_t b = 0;
+  // One weight-row stream at a time: at one or two activation rows too little compute hides the
+  // memory latency, so ask for the row's data ahead (as in rows_direct_f32).
+  constexpr int64_t kAhead = MR == 1 ? 2048 : MR == 2 ? 1024 : 0;
   for (; b + 2 <= nb; b += 2) {
+    if constexpr (kAhead > 0) _mm_prefetch(reinterpret_cast<const char*>(wrow + b * BB + kAhead), _MM_HINT_T0);
     mblk[b] = dot_block_int8<QT, MR>(wrow + b * BB, xq + b * kBlock, xd + b, K, nb, even);
     mblk[b + 1] = dot_block_int8<QT, MR>(wrow + (b + 1) * BB, xq + (b + 1) * kBlock, xd + b + 1, K, nb, odd);
   }
