@@ -120,7 +120,7 @@ def test_api_keys_in_each_dialect(tiny_loaded, http):
             event = __import__("json").loads(ws.recv(timeout=10))
             assert event["type"] == "error" and event["status"] == 401
         with connect(s.ws_url, additional_headers={"Authorization": "Bearer sekrit"}) as ws:
-            ws.send('{"type": "response.create", "model": "%s", "input": "hi", "max_output_tokens": 2}' % s.model)
+            ws.send('{"type": "response.create", "model": "%s", "input": "hi", "max_output_tokens": 2, "temperature": 0}' % s.model)
             types = []
             while not types or types[-1] not in ("response.completed", "response.incomplete", "error"):
                 types.append(__import__("json").loads(ws.recv(timeout=10))["type"])

@@ -86,7 +86,7 @@ def test_raw_event_sequence(server):
 
 
 def test_stream_usage_reports_speed(server):
-    body = {"model": server.model, "max_tokens": 3, "messages": msgs(), "stream": True, "speed": "fast"}
+    body = {"model": server.model, "max_tokens": 3, "messages": msgs(), "stream": True, "speed": "fast", "temperature": 0}
     with httpx.stream("POST", server.url + "/v1/messages", json=body, timeout=30) as r:
         data = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert data[0]["message"]["usage"]["speed"] == "fast"
