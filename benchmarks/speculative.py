@@ -74,6 +74,7 @@ def main() -> None:
     args = p.parse_args()
 
     from fastmode import LLM
+    from fastmode.speculative.ngram import propose_ngram
 
     extra = {"speculative_max_batch": 1024} if args.force else {}
     draft = None if args.draft_model.lower() == "none" else args.draft_model
@@ -91,6 +92,19 @@ def main() -> None:
     methods = ["ngram"] + (["draft"] if drafter is not None else [])
     draft_name = drafter.model.cfg.name if drafter is not None else "none"
     print(f"machine: {machine()}  model: {llm.engine.model_name} ({llm.engine.loaded.dtype})  draft: {draft_name}")
+    # How much of each workload's answer repeats its context: the share of answer tokens that
+    # prompt lookup (one token, from the greedy plain output) would have proposed correctly.
+    # Many-token n-gram gains need this high; it is a property of the model's answers.
+    lookup = {}
+    for name, base in workloads.items():
+        outs, _ = run(llm, base, "off", args.max_tokens)
+        hits = total = 0
+        for p_ids, o in zip(base, outs):
+            toks = list(p_ids) + list(o.token_ids)
+            hits += sum(propose_ngram(toks[:i], 1) == [toks[i]] for i in range(len(p_ids), len(toks)))
+            total += len(o.token_ids)
+        lookup[name] = hits / max(1, total)
+    print("answer tokens prompt lookup predicts: " + ", ".join(f"{k} {v:.0%}" for k, v in lookup.items()))
     print(f"{'workload':>10} {'batch':>5} {'method':>6} {'plain tok/s':>11} {'spec tok/s':>10} {'speed-up':>8} {'accept':>7} {'same':>5}")
     rows = []
     stats = llm.engine.spec.stats
@@ -125,7 +139,7 @@ def main() -> None:
                       f"{'-' if acc is None else f'{acc:.2f}':>7} {str(same[m]):>5}", flush=True)
     spark_rows = [] if args.no_spark or args.model else spark_vs_teacher(llm, workloads["chat"], args)
     out = write_json(args.out, {"machine": machine(), "args": vars(args), "draft": draft_name, "rows": rows,
-                                "spark_vs_teacher": spark_rows})
+                                "lookup_hit_rate": lookup, "spark_vs_teacher": spark_rows})
     print(f"wrote {out}")
 
 
