@@ -190,8 +190,8 @@ inline void rows_direct_f32(const uint8_t* w, int64_t row_bytes, int64_t nb, con
                             int64_t ldo) {
   constexpr int64_t BB = kBlockBytes<QT>;
   // NR row streams outrun the hardware prefetcher: ask for each row's data this far ahead. The
-  // fewer rows, the less compute per byte hides memory latency, so the further ahead
-  // (benchmarks/kernels.py: 1 row ~20% faster at 2 KB than at 256 B; 4 rows ~10% slower).
+  // fewer rows, the less compute per byte hides memory latency, so the further ahead (chosen
+  // by A/B builds on the project's VM; benchmarks/kernels.py times the result, not the choice).
   constexpr int64_t kAhead = MR == 1 ? 2048 : MR == 2 ? 1024 : 256;
   __m256 acc[NR][MR];
   for (int n = 0; n < NR; ++n)
@@ -219,8 +219,8 @@ template <int QT, int MR>
 inline void sweep_direct(const uint8_t* wp, int64_t row_bytes, int64_t n0, int64_t n1, int64_t nb, const float* x,
                          int64_t ldx, float* out, int64_t ldo) {
   // Weight rows in flight: each output's accumulator is one chain of four FMAs per block, so
-  // one activation row needs three rows in flight to keep the FMA units busy (four measured no
-  // better at one row, two ~10% slower); more rows bring their own chains.
+  // one activation row needs three rows in flight to keep the FMA units busy (chosen by A/B
+  // builds: four were no better, two slower); more rows bring their own chains.
   constexpr int NR = MR == 1 ? 3 : MR <= 4 ? 2 : 1;  // at most 8 accumulators + 4 dequantized vectors + x
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) rows_direct_f32<QT, NR, MR>(wp + n * row_bytes, row_bytes, nb, x, ldx, out + n, ldo);
