@@ -16,10 +16,11 @@ def alone(llm, prompt, params):
 def test_staggered_mixed_tier_requests_match_solo_runs(tiny_llama_dir):
     rng = random.Random(0)
     solo = LLM(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01)
-    # A small KV cache (40 blocks of 4 tokens) and lane cap force pausing, chunking and preemption.
+    # A small KV cache (40 blocks of 4 tokens, fp16 K/V at 384 bytes a token) and lane cap force
+    # pausing, chunking and preemption.
     engine = LLMEngine(
         EngineConfig(
-            model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=40 * 4 * 768 / 2**30, block_size=4,
+            model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=40 * 4 * 384 / 2**30, block_size=4,
             max_num_seqs=6, max_num_batched_tokens=24, fast_lane_max_batch=2,
         ),
         loaded=solo.engine.loaded,

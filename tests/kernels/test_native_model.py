@@ -45,6 +45,22 @@ def test_native_speculation_is_lossless(native):
     assert spec.generate(prompt, sp)[0].token_ids == native.generate(prompt, sp)[0].token_ids
 
 
+def test_kv_cache_is_fp16_by_default_and_fp32_on_request(native):
+    """fp16 K/V (llama.cpp's default too) hold twice the tokens in the same memory; fp32 stays
+    selectable. Both answer the reference question the same way."""
+    import torch
+
+    fp32 = LLM(speculative="off", draft_model=None, kv_cache_dtype="float32")
+    assert native.engine.kv_dtype == torch.float16 and native.engine.runner.kv_caches[0][0].dtype == torch.float16
+    assert fp32.engine.runner.kv_caches[0][1].dtype == torch.float32
+    assert native.engine.scheduler_config.num_blocks == 2 * fp32.engine.scheduler_config.num_blocks
+    prompt = native.tokenizer.apply_chat_template(QUESTION)
+    sp = SamplingParams(temperature=0.0, max_tokens=24)
+    assert fp32.generate(prompt, sp)[0].text == native.generate(prompt, sp)[0].text == "The capital of France is Paris."
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        LLM(kv_cache_dtype="int4")
+
+
 def test_int8_activations_are_selectable():
     llm = LLM(weights="native-int8", speculative="off", draft_model=None)
     assert llm.engine.loaded.weight_format == "Q4_1+Q8_0+int8-activations"

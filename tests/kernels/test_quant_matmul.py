@@ -88,28 +88,47 @@ def test_bad_inputs_raise_clear_errors():
     assert K.quant_matmul(torch.empty(0, 64), raw, QTYPES["Q8_0"], False).shape == (0, 4)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(
     "heads,kvh,hd",
     [(9, 3, 16), (16, 2, 32), (4, 4, 8)],  # 3 query heads per KV head; 8 (two register tiles); head_dim 8 (scalar path)
 )
-def test_paged_decode_attention_matches_gathered_attention(heads, kvh, hd):
+def test_paged_decode_attention_matches_gathered_attention(heads, kvh, hd, cache_dtype):
     g = torch.Generator().manual_seed(5)
     blocks_, bs = 12, 4
     k_cache, v_cache = torch.randn(blocks_, bs, kvh, hd, generator=g), torch.randn(blocks_, bs, kvh, hd, generator=g)
+    k_cache, v_cache = k_cache.to(cache_dtype), v_cache.to(cache_dtype)
     tables = torch.tensor([[5, 2, 9, 0], [7, 0, 0, 0], [1, 3, 11, 4]])
     lens = torch.tensor([10, 1, 16])
     q = torch.randn(3, heads, hd, generator=g)
     got = K.paged_decode_attention(q, k_cache, v_cache, tables, lens, hd**-0.5)
     for b in range(3):
         n = int(lens[b])
-        k = k_cache[tables[b]].flatten(0, 1)[:n].repeat_interleave(heads // kvh, dim=1)  # (T, heads, hd)
-        v = v_cache[tables[b]].flatten(0, 1)[:n].repeat_interleave(heads // kvh, dim=1)
+        # an fp16 cache means exactly the fp32 values its entries widen to
+        k = k_cache[tables[b]].flatten(0, 1)[:n].float().repeat_interleave(heads // kvh, dim=1)  # (T, heads, hd)
+        v = v_cache[tables[b]].flatten(0, 1)[:n].float().repeat_interleave(heads // kvh, dim=1)
         p = torch.softmax(torch.einsum("hd,thd->ht", q[b], k) * hd**-0.5, dim=-1)
         torch.testing.assert_close(got[b], torch.einsum("ht,thd->hd", p, v), atol=1e-5, rtol=1e-5)
     with pytest.raises(RuntimeError, match="out of range"):
         K.paged_decode_attention(q, k_cache, v_cache, tables, torch.tensor([10, 1, 17]), 1.0)
     with pytest.raises(RuntimeError, match="bad block id"):
         K.paged_decode_attention(q, k_cache, v_cache, torch.tensor([[5, 2, 99, 0]] * 3), lens, 1.0)
+    with pytest.raises(RuntimeError, match="both fp32 or both fp16"):
+        K.paged_decode_attention(q, k_cache, v_cache.to(torch.bfloat16), tables, lens, 1.0)
+
+
+def test_fp16_attention_streams_past_the_prefetch_distance():
+    """Contexts longer than the rows the fp16 path asks for ahead (and not a multiple of the
+    block size) against attention over the widened cache."""
+    g = torch.Generator().manual_seed(8)
+    heads, kvh, hd, bs = 9, 3, 64, 16
+    k_cache, v_cache = (torch.randn(40, bs, kvh, hd, generator=g).half() for _ in range(2))
+    tables = torch.randperm(40, generator=g).view(2, 20)
+    lens = torch.tensor([301, 77])
+    q = torch.randn(2, heads, hd, generator=g)
+    got = K.paged_decode_attention(q, k_cache, v_cache, tables, lens, hd**-0.5)
+    want = K.paged_decode_attention(q, k_cache.float(), v_cache.float(), tables, lens, hd**-0.5)
+    assert torch.equal(got, want)  # same fp32 arithmetic on the same values
 
 
 def test_rms_norm_and_silu_mul_match_pytorch():
@@ -142,3 +161,10 @@ def test_rope_qkv_matches_rotary_and_writes_the_cache():
     assert not flat_k[untouched].any() and not flat_v[untouched].any()
     with pytest.raises(RuntimeError, match="out of range"):
         K.rope_qkv(qkv, cos, sin, heads, kvh, hd, torch.tensor([9, 0, 3, 12, 4]), k_cache, v_cache)
+    # An fp16 cache gets the same rotated values, rounded to nearest as torch rounds them.
+    k16, v16 = torch.zeros(3, 4, kvh, hd, dtype=torch.float16), torch.zeros(3, 4, kvh, hd, dtype=torch.float16)
+    q16 = K.rope_qkv(qkv, cos, sin, heads, kvh, hd, slots, k16, v16)
+    assert torch.equal(q16, q)
+    assert torch.equal(k16, k_cache.half()) and torch.equal(v16, v_cache.half())
+    with pytest.raises(RuntimeError, match="both fp32 or both fp16"):
+        K.rope_qkv(qkv, cos, sin, heads, kvh, hd, slots, k16, v_cache)

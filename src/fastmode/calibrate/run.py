@@ -67,8 +67,11 @@ def calibrate_loaded(loaded: LoadedModel, sweep: SweepConfig, hardware: str = "l
                        f"contexts {','.join(map(str, sweep.contexts))}, chunks {','.join(map(str, sweep.chunk_sizes))}, "
                        f"{torch.get_num_threads()} threads, {sweep.clock} clock")
     base = load_hardware(hardware)
-    fit = fit_step_times(points, base, spec, weight_format=fmt)
+    from fastmode.engine.llm_engine import resolve_kv_dtype
+
+    kv_bytes = torch.finfo(resolve_kv_dtype("auto", loaded.dtype)).bits // 8  # what the measured engines stored
+    fit = fit_step_times(points, base, spec, weight_format=fmt, kv_dtype_bytes=kv_bytes)
     usd = usd_per_hour if usd_per_hour is not None else base.usd_per_hour
     cal = calibration_dict(fit, points, hardware, loaded.name, fmt, fitted_from, usd)
-    cm = CostModel(fit.apply(base), spec, tp=1, weight_format=fmt)
+    cm = CostModel(fit.apply(base), spec, tp=1, weight_format=fmt, kv_dtype_bytes=kv_bytes)
     return CalibrationRun(points, fit, spec, fmt, cal, cm)

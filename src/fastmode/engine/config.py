@@ -7,6 +7,8 @@ from dataclasses import dataclass, fields
 from fastmode.engine.scheduler import SchedulerConfig
 from fastmode.speculative.policy import SpecConfig
 
+KV_CACHE_DTYPES = ("auto", "float16", "float32", "bfloat16", "fp16", "fp32", "bf16")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -14,6 +16,7 @@ class EngineConfig:
     dtype: str = "auto"  # bf16 where the hardware has native bf16, else fp32 (see loader.load.resolve_dtype)
     weights: str = "native"  # native: a GGUF file's Q4_0/Q4_1/Q8_0 blocks run as stored (fp32 activations); native-int8: int8 activations; dequantize: expand to dtype
     kv_cache_gib: float = 1.0  # KV cache size; sets the number of blocks
+    kv_cache_dtype: str = "auto"  # auto: float16 when the model computes in float32 (half the bytes attention reads), else the model's dtype; float16 | float32 | bfloat16
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
@@ -36,6 +39,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
         if self.weights not in ("native", "native-int8", "dequantize"):
             raise ValueError(f"weights must be native, native-int8 or dequantize, got {self.weights!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.kv_cache_gib <= 0:
             raise ValueError("kv_cache_gib must be > 0")
         if self.usd_per_machine_hour < 0:

@@ -69,6 +69,17 @@ def _freeze_startup_objects() -> None:
         _frozen = True
 
 
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type. "auto" stores fp16 under fp32 compute, as llama.cpp does by
+    default: K and V are rounded once when written (about 3 significant decimal digits kept), and
+    attention, which at 16 sequences streams more KV bytes per step than weight bytes, reads half
+    as much. Under bf16 compute the cache stays bf16."""
+    if name == "auto":
+        return torch.float16 if model_dtype == torch.float32 else model_dtype
+    return {"float16": torch.float16, "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32,
+            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}[name]
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig = EngineConfig(), loaded: LoadedModel | None = None):
         self.config = config
@@ -77,14 +88,15 @@ class LLMEngine:
         self.loaded = loaded or load_model(config.model, config.dtype, weights=config.weights)
         self.tokenizer = self.loaded.tokenizer
         mcfg = self.loaded.config
-        dtype_bytes = torch.finfo(self.loaded.dtype).bits // 8
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.loaded.dtype)
+        dtype_bytes = torch.finfo(self.kv_dtype).bits // 8
         self.scheduler_config = config.scheduler_config(mcfg.kv_bytes_per_token(dtype_bytes), mcfg.max_position_embeddings)
         self.scheduler = Scheduler(self.scheduler_config, self.tokenizer.eos_token_ids)
         self.runner = ModelRunner(
             self.loaded.model,
             self.scheduler_config.num_blocks,
             self.scheduler_config.block_size,
-            self.loaded.dtype,
+            self.kv_dtype,
             pack_weights=config.pack_weights,
         )
         self.spec = SpecPolicy(config.spec_config())
@@ -153,7 +165,7 @@ class LLMEngine:
         draft = auto_draft(self.loaded) if config.draft_model == "auto" else load_draft(config.draft_model, self.loaded)
         if draft is None:
             return None
-        return DraftModelProposer(draft, self.scheduler_config.num_blocks, self.scheduler_config.block_size, self.loaded.dtype)
+        return DraftModelProposer(draft, self.scheduler_config.num_blocks, self.scheduler_config.block_size, self.kv_dtype)
 
     def _propose_drafts(self) -> None:
         """Give decoding sequences draft tokens where the policy says speculation pays."""

@@ -22,7 +22,7 @@ MAX_SPAN_AS_ROWS = 16
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, dtype: torch.dtype, pack_weights: bool = True):
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_dtype: torch.dtype, pack_weights: bool = True):
         cfg = model.cfg
         if pack_weights and can_pack(model) and not getattr(model, "packed", False):
             pack_linears(model)
@@ -30,7 +30,7 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
+        self.kv_caches = [(torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype)) for _ in range(cfg.num_layers)]
         self.generators: dict[str, torch.Generator] = {}
 
     def release(self, request_id: str) -> None:
@@ -120,12 +120,19 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, row_owner: list[tuple[ScheduledSeq, int]]) -> dict[str, list[int]]:
         result: dict[str, list[int]] = {}
+        # Every greedy row's token from one batched argmax (ties go to the lowest id, as per row).
+        top = logits.argmax(-1).tolist() if any(s.seq.params.greedy for s, _ in row_owner) else []
         row = 0
         for s, k in row_owner:
             seq = s.seq
             rows = logits[row : row + k]
-            row += k
             p = seq.params
+            if p.greedy:
+                greedy = top[row : row + k]
+                row += k
+                result[seq.request_id] = self._verify_greedy(greedy, s.seq.draft_token_ids[: k - 1])
+                continue
+            row += k
             gen = None
             if not p.greedy:
                 gen = self.generators.get(seq.request_id)
@@ -137,23 +144,25 @@ class ModelRunner:
                 result[seq.request_id] = self._verify(rows, s.seq.draft_token_ids[: k - 1], p, gen)
         return result
 
-    def _verify(self, rows: torch.Tensor, drafts: list[int], p, gen) -> list[int]:
-        """Accept a prefix of the drafts; always return at least one new token.
+    @staticmethod
+    def _verify_greedy(top: list[int], drafts: list[int]) -> list[int]:
+        """Greedy verification: accept while each draft is the target's argmax; the first
+        disagreement (or the token after the last draft) is the target's own choice."""
+        for i, d in enumerate(drafts):
+            if top[i] != d:
+                return drafts[:i] + [top[i]]
+        return drafts + [top[len(drafts)]]
 
-        Greedy: accept while the draft equals the target's argmax.
-        Sampling (drafts proposed deterministically, i.e. q is a point mass):
-        accept draft x with probability p(x); on rejection sample from p with x
+    def _verify(self, rows: torch.Tensor, drafts: list[int], p, gen) -> list[int]:
+        """Sampled verification: accept a prefix of the drafts; always return at least one new token.
+
+        The drafts are proposed deterministically (q is a point mass): accept
+        draft x with probability p(x); on rejection sample from p with x
         removed and renormalised -- the rejection-sampling rule of Leviathan et
         al. for a one-hot q, which preserves the target distribution exactly.
         """
         accepted: list[int] = []
         for i, d in enumerate(drafts):
-            if p.greedy:
-                t = int(torch.argmax(rows[i]))
-                if t != d:
-                    return accepted + [t]
-                accepted.append(d)
-                continue
             probs = probs_from_logits(rows[i], p)
             u = torch.rand((), generator=gen)
             if u < probs[d]:

@@ -52,6 +52,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--weights", choices=("native", "native-int8", "dequantize"), default=None,
                    help="GGUF weights passed to LLM: native blocks with fp32 or int8 activations, or "
                         "dequantized (default: the LLM's own default, native)")
+    p.add_argument("--kv-cache-dtype", choices=("auto", "float16", "float32", "bfloat16"), default=None,
+                   help="KV cache element type passed to LLM (default: the LLM's own default, auto: float16 "
+                        "under float32 compute)")
     p.add_argument("--batch-size", type=int, default=None, metavar="N",
                    help="prompts per generate call (default: all at once, or "
                         f"{SPEC_BATCH_SIZE} for every run when --speculative is on)")
@@ -66,14 +69,13 @@ def _label(model: str | None) -> str:
     return "default" if model is None else (Path(model).name or model)
 
 
-def _load(model: str | None, dtype: str | None, weights: str | None = None) -> Any:
+def _load(model: str | None, dtype: str | None, weights: str | None = None, kv_cache_dtype: str | None = None) -> Any:
     from fastmode import LLM  # torch comes in here, not at CLI start-up
 
     kwargs: dict[str, Any] = {"model": model}
-    if dtype is not None:
-        kwargs["dtype"] = dtype
-    if weights is not None:
-        kwargs["weights"] = weights
+    for name, value in (("dtype", dtype), ("weights", weights), ("kv_cache_dtype", kv_cache_dtype)):
+        if value is not None:
+            kwargs[name] = value
     return LLM(**kwargs)
 
 
@@ -101,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         label = _label(model)
         print(f"[eval] {label}{' +' + speculative if speculative else ''}: "
               f"{len(tasks)} items", file=sys.stderr)
-        llm = _load(model, args.dtype, args.weights)
+        llm = _load(model, args.dtype, args.weights, args.kv_cache_dtype)
         try:
             report = evaluate(
                 llm, tasks, speculative, name=label,

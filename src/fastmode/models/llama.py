@@ -17,6 +17,9 @@ from torch import nn
 from fastmode.config import ModelConfig, RopeScaling
 from fastmode.models.attention_batch import AttentionBatch
 
+# KV cache element types fastmode's kernels read and write (fp16 halves the bytes attention streams).
+KERNEL_KV_DTYPES = (torch.float32, torch.float16)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -95,7 +98,7 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         n = x.shape[0]
-        if self.kernels is not None and k_cache.dtype == torch.float32:
+        if self.kernels is not None and k_cache.dtype in KERNEL_KV_DTYPES:
             # RoPE and the K/V cache write in one op (the same one LlamaModel's fused decode uses).
             q = self.kernels.rope_qkv(
                 self.qkv_proj(x), rope[0].reshape(n, -1), rope[1].reshape(n, -1), self.num_heads,
@@ -107,8 +110,8 @@ class Attention(nn.Module):
             k = Rotary.apply(k.view(n, self.num_kv_heads, self.head_dim), *rope)
             v = v.view(n, self.num_kv_heads, self.head_dim)
             # k_cache: (num_blocks, block_size, kvh, hd); write the new tokens' K/V into their slots.
-            k_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = k
-            v_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = v
+            k_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = k.to(k_cache.dtype)
+            v_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = v.to(v_cache.dtype)
 
         outs = []
         for span in batch.prefill_spans:
@@ -121,8 +124,8 @@ class Attention(nn.Module):
     def _prefill(self, q, span, k_cache, v_cache) -> torch.Tensor:
         # q: (L, h, hd); gather the sequence's whole context (T tokens) from its blocks.
         t = span.context_len
-        k = k_cache[span.block_table].flatten(0, 1)[:t]  # (T, kvh, hd)
-        v = v_cache[span.block_table].flatten(0, 1)[:t]
+        k = k_cache[span.block_table].flatten(0, 1)[:t].to(q.dtype)  # (T, kvh, hd)
+        v = v_cache[span.block_table].flatten(0, 1)[:t].to(q.dtype)
         q_ = q.transpose(0, 1).unsqueeze(0)  # (1, h, L, hd)
         k_ = k.transpose(0, 1).unsqueeze(0)  # (1, kvh, T, hd)
         v_ = v.transpose(0, 1).unsqueeze(0)
@@ -135,15 +138,15 @@ class Attention(nn.Module):
     def _decode(self, q, batch, k_cache, v_cache) -> torch.Tensor:
         # One query per sequence. Plain matmul attention: on CPU it beats SDPA for this shape.
         b = q.shape[0]
-        if self.kernels is not None and k_cache.dtype == torch.float32 and batch.decode_context_lens is not None:
+        if self.kernels is not None and k_cache.dtype in KERNEL_KV_DTYPES and batch.decode_context_lens is not None:
             o = self.kernels.paged_decode_attention(
                 q.reshape(b, self.num_heads, self.head_dim), k_cache, v_cache,
                 batch.decode_block_tables, batch.decode_context_lens, self.scale,
             )
             return o.reshape(b, self.q_size)
         g = self.num_heads // self.num_kv_heads
-        k = k_cache[batch.decode_block_tables].flatten(1, 2)  # (B, T, kvh, hd)
-        v = v_cache[batch.decode_block_tables].flatten(1, 2)
+        k = k_cache[batch.decode_block_tables].flatten(1, 2).to(q.dtype)  # (B, T, kvh, hd)
+        v = v_cache[batch.decode_block_tables].flatten(1, 2).to(q.dtype)
         q = q.view(b, self.num_kv_heads, g, self.head_dim)  # (B, kvh, g, hd)
         scores = torch.matmul(q, k.permute(0, 2, 3, 1)).float() * self.scale  # (B, kvh, g, T)
         probs = torch.softmax(scores + batch.decode_mask, dim=-1).to(v.dtype)
@@ -220,7 +223,7 @@ class LlamaModel(nn.Module):
         kernels = getattr(self, "kernels", None)
         if kernels is None or batch.prefill_spans or batch.decode_context_lens is None:
             return None
-        if kv_caches[0][0].dtype != torch.float32:
+        if kv_caches[0][0].dtype not in KERNEL_KV_DTYPES:
             return None
         pack = getattr(self, "_decode_pack", None)
         if pack is None:

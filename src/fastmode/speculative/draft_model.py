@@ -33,13 +33,13 @@ class _Shadow:
 
 
 class DraftModelProposer:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, dtype: torch.dtype):
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_dtype: torch.dtype):
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
+        self.kv_caches = [(torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype)) for _ in range(cfg.num_layers)]
         self.shadows: dict[str, _Shadow] = {}
         # Seconds per drafting round in the last propose(), for the policy's cost estimate: the
         # single-token rounds, or round 0 when no sequence had more than a couple of tokens to

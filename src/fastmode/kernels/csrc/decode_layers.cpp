@@ -6,7 +6,12 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <vector>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, bool int8_activations);
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -14,33 +19,24 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor silu_mul(torch::Tensor x);
 
-// Rotate-half RoPE on the q and k parts of a fused qkv row, writing k and v
-// into their cache slots. qkv: (N, (H + 2 KVH) D); cos, sin: (N, D/2);
-// slots: (N,) long; caches: (num_blocks, block_size, KVH, D). Returns q, (N, H, D).
-torch::Tensor rope_qkv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
-                       int64_t head_dim, torch::Tensor slots, torch::Tensor k_cache, torch::Tensor v_cache) {
-  const int64_t N = qkv.size(0), D = head_dim, half = D / 2, H = heads, KVH = kv_heads;
-  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == torch::kFloat && qkv.size(1) == (H + 2 * KVH) * D,
-              "rope_qkv: qkv must be (N, (heads + 2 kv_heads) head_dim) fp32");
-  TORCH_CHECK(D % 2 == 0 && cos.numel() == N * half && sin.numel() == N * half, "rope_qkv: cos/sin must be (N, D/2)");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == torch::kFloat &&
-                  k_cache.size(2) == KVH && k_cache.size(3) == D && v_cache.sizes() == k_cache.sizes(),
-              "rope_qkv: caches must be contiguous (blocks, block_size, kv_heads, head_dim) fp32");
-  auto slot = slots.to(torch::kLong).contiguous();
-  TORCH_CHECK(slot.numel() == N, "rope_qkv: one slot per token");
-  const int64_t* sp = slot.data_ptr<int64_t>();
-  const int64_t capacity = k_cache.size(0) * k_cache.size(1);
-  for (int64_t i = 0; i < N; ++i) TORCH_CHECK(sp[i] >= 0 && sp[i] < capacity, "rope_qkv: slot ", sp[i], " out of range");
-  qkv = qkv.contiguous();
-  auto c = cos.contiguous(), s = sin.contiguous();
-  auto q = torch::empty({N, H, D}, qkv.options());
-  const float* xp = qkv.data_ptr<float>();
-  const float* cp = c.data_ptr<float>();
-  const float* snp = s.data_ptr<float>();
-  float* qp = q.data_ptr<float>();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
-  const int64_t row = (H + 2 * KVH) * D;
+namespace {
+
+// n fp32 values -> fp16, rounding to nearest even (as torch's .to(torch.float16) does).
+inline void store_row(const float* src, float* dst, int64_t n) { std::copy_n(src, n, dst); }
+inline void store_row(const float* src, at::Half* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<at::Half>(src[i]);
+}
+
+template <typename T>
+void rope_qkv_into(const float* xp, const float* cp, const float* snp, int64_t N, int64_t H, int64_t KVH, int64_t D,
+                   const int64_t* sp, float* qp, T* kc, T* vc) {
+  const int64_t half = D / 2, row = (H + 2 * KVH) * D;
   auto rotate = [&](const float* in, float* out, const float* cs, const float* sn) {
     for (int64_t j = 0; j < half; ++j) {
       const float x1 = in[j], x2 = in[j + half];
@@ -49,17 +45,52 @@ torch::Tensor rope_qkv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, 
     }
   };
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    std::vector<float> k(D);
     for (int64_t n = n0; n < n1; ++n) {
       const float* in = xp + n * row;
       const float* cs = cp + n * half;
       const float* sn = snp + n * half;
       for (int64_t h = 0; h < H; ++h) rotate(in + h * D, qp + (n * H + h) * D, cs, sn);
       for (int64_t h = 0; h < KVH; ++h) {
-        rotate(in + (H + h) * D, kc + (sp[n] * KVH + h) * D, cs, sn);
-        std::copy_n(in + (H + KVH + h) * D, D, vc + (sp[n] * KVH + h) * D);
+        rotate(in + (H + h) * D, k.data(), cs, sn);
+        store_row(k.data(), kc + (sp[n] * KVH + h) * D, D);
+        store_row(in + (H + KVH + h) * D, vc + (sp[n] * KVH + h) * D, D);
       }
     }
   });
+}
+
+}  // namespace
+
+// Rotate-half RoPE on the q and k parts of a fused qkv row, writing k and v
+// into their cache slots. qkv: (N, (H + 2 KVH) D); cos, sin: (N, D/2);
+// slots: (N,) long; caches: (num_blocks, block_size, KVH, D), fp32 or fp16
+// (k and v rounded to nearest). Returns q, (N, H, D).
+torch::Tensor rope_qkv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
+                       int64_t head_dim, torch::Tensor slots, torch::Tensor k_cache, torch::Tensor v_cache) {
+  const int64_t N = qkv.size(0), D = head_dim, half = D / 2, H = heads, KVH = kv_heads;
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == torch::kFloat && qkv.size(1) == (H + 2 * KVH) * D,
+              "rope_qkv: qkv must be (N, (heads + 2 kv_heads) head_dim) fp32");
+  TORCH_CHECK(D % 2 == 0 && cos.numel() == N * half && sin.numel() == N * half, "rope_qkv: cos/sin must be (N, D/2)");
+  const auto ct = k_cache.scalar_type();
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && (ct == torch::kFloat || ct == torch::kHalf) &&
+                  v_cache.scalar_type() == ct && k_cache.size(2) == KVH && k_cache.size(3) == D &&
+                  v_cache.sizes() == k_cache.sizes(),
+              "rope_qkv: caches must be contiguous (blocks, block_size, kv_heads, head_dim), both fp32 or both fp16");
+  auto slot = slots.to(torch::kLong).contiguous();
+  TORCH_CHECK(slot.numel() == N, "rope_qkv: one slot per token");
+  const int64_t* sp = slot.data_ptr<int64_t>();
+  const int64_t capacity = k_cache.size(0) * k_cache.size(1);
+  for (int64_t i = 0; i < N; ++i) TORCH_CHECK(sp[i] >= 0 && sp[i] < capacity, "rope_qkv: slot ", sp[i], " out of range");
+  qkv = qkv.contiguous();
+  auto c = cos.contiguous(), s = sin.contiguous();
+  auto q = torch::empty({N, H, D}, qkv.options());
+  if (ct == torch::kHalf)
+    rope_qkv_into(qkv.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), N, H, KVH, D, sp,
+                  q.data_ptr<float>(), k_cache.data_ptr<at::Half>(), v_cache.data_ptr<at::Half>());
+  else
+    rope_qkv_into(qkv.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), N, H, KVH, D, sp,
+                  q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
   return q;
 }
 

@@ -15,6 +15,16 @@
 
 namespace {
 
+// n fp16 values -> fp32 (exact: every fp16 value is an fp32 value).
+inline void half_to_float_row(const at::Half* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
 // a . b over n floats.
 inline float dot(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
@@ -134,15 +144,20 @@ inline void weighted_sum16(const float* p, int64_t ldp, const float* const* vrow
 }  // namespace
 
 // Attention for one new query token per sequence over a paged KV cache.
-// q: (B, H, D); k_cache, v_cache: (num_blocks, block_size, KVH, D);
-// block_tables: (B, max_blocks) long; context_lens: (B,) long. Returns (B, H, D).
-// Reads each sequence's blocks in place (no gathered copy); fp32 throughout.
+// q: (B, H, D); k_cache, v_cache: (num_blocks, block_size, KVH, D), fp32 or
+// fp16; block_tables: (B, max_blocks) long; context_lens: (B,) long. Returns
+// (B, H, D). fp32 caches are read in place (no gathered copy). fp16 caches
+// (half the bytes: at 16 sequences the KV reads outweigh the weights) are
+// widened head by head into a scratch buffer that stays in L2, then the same
+// fp32 arithmetic runs on it, so a cached value means the same in every path.
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat, "paged_decode_attention: q must be (B, H, D) fp32");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == torch::kFloat && k_cache.is_contiguous() &&
-                  v_cache.sizes() == k_cache.sizes() && v_cache.is_contiguous(),
-              "paged_decode_attention: caches must be contiguous (blocks, block_size, kv_heads, D) fp32");
+  const bool half = k_cache.scalar_type() == torch::kHalf;
+  TORCH_CHECK(k_cache.dim() == 4 && (half || k_cache.scalar_type() == torch::kFloat) && k_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == k_cache.scalar_type() &&
+                  v_cache.is_contiguous(),
+              "paged_decode_attention: caches must be contiguous (blocks, block_size, kv_heads, D), both fp32 or both fp16");
   q = q.contiguous();
   auto tables = block_tables.to(torch::kLong).contiguous();
   auto lens = context_lens.to(torch::kLong).contiguous();
@@ -160,8 +175,10 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   }
   auto out = torch::empty_like(q);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const float* kp = half ? nullptr : k_cache.data_ptr<float>();
+  const float* vp = half ? nullptr : v_cache.data_ptr<float>();
+  const at::Half* kh16 = half ? k_cache.data_ptr<at::Half>() : nullptr;
+  const at::Half* vh16 = half ? v_cache.data_ptr<at::Half>() : nullptr;
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
 #if defined(__AVX2__) && defined(__FMA__)
@@ -169,19 +186,44 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 #else
   const bool simd = false;
 #endif
+  constexpr int64_t kAheadRows = 16;
   at::parallel_for(0, B * KVH, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores;
+    std::vector<float> scores, kwide, vwide;
     std::vector<const float*> krows, vrows;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / KVH, kh = i % KVH, T = lp[b];
       scores.resize(G * T);
       krows.resize(T);
       vrows.resize(T);
-      for (int64_t t = 0; t < T; t += bs) {  // the sequence's rows, block by block, read in place
+      if (half) {
+        kwide.resize(T * D);
+        vwide.resize(T * D);
+      }
+      for (int64_t t = 0; t < T; t += bs) {  // the sequence's rows, block by block
         const int64_t base = (tp[b * maxb + t / bs] * bs * KVH + kh) * D;
         for (int64_t r = 0; r < bs && t + r < T; ++r) {
-          krows[t + r] = kp + base + r * KVH * D;
-          vrows[t + r] = vp + base + r * KVH * D;
+          if (half) {  // row offsets for now; widened below
+            krows[t + r] = reinterpret_cast<const float*>(base + r * KVH * D);
+          } else {
+            krows[t + r] = kp + base + r * KVH * D;
+            vrows[t + r] = vp + base + r * KVH * D;
+          }
+        }
+      }
+      if (half) {
+        for (int64_t t = 0; t < T; ++t) {
+          if (t + kAheadRows < T) {
+            const int64_t off = reinterpret_cast<int64_t>(krows[t + kAheadRows]);
+            for (int64_t l = 0; l < D; l += 32) {
+              _mm_prefetch(reinterpret_cast<const char*>(kh16 + off + l), _MM_HINT_T0);
+              _mm_prefetch(reinterpret_cast<const char*>(vh16 + off + l), _MM_HINT_T0);
+            }
+          }
+          const int64_t off = reinterpret_cast<int64_t>(krows[t]);
+          half_to_float_row(kh16 + off, kwide.data() + t * D, D);
+          half_to_float_row(vh16 + off, vwide.data() + t * D, D);
+          krows[t] = kwide.data() + t * D;
+          vrows[t] = vwide.data() + t * D;
         }
       }
       const float* qh = qp + (b * H + kh * G) * D;  // the G query heads that share this KV head
@@ -191,7 +233,18 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
         float* sg = scores.data() + g * T;
         int64_t t = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-        for (; simd && t + 4 <= T; t += 4) dot4(qh + g * D, krows[t], krows[t + 1], krows[t + 2], krows[t + 3], D, sg + t);
+        for (; simd && t + 4 <= T; t += 4) {
+          if (g == 0 && !half) {  // the first head's pass asks for later rows of K and V: a step ago
+            // other layers' weights and caches pushed them out, and the row walk is too irregular
+            // (a stride within a block, a jump between blocks) for the hardware prefetcher
+            for (int64_t u = t + kAheadRows; u < std::min(T, t + kAheadRows + 4); ++u)
+              for (int64_t l = 0; l < D; l += 16) {
+                _mm_prefetch(reinterpret_cast<const char*>(krows[u] + l), _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char*>(vrows[u] + l), _MM_HINT_T1);
+              }
+          }
+          dot4(qh + g * D, krows[t], krows[t + 1], krows[t + 2], krows[t + 3], D, sg + t);
+        }
 #endif
         for (; t < T; ++t) sg[t] = dot(qh + g * D, krows[t], D);
         float mx = -std::numeric_limits<float>::infinity();
