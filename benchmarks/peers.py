@@ -149,11 +149,12 @@ def worker_fastmode(args: argparse.Namespace, info: dict) -> dict:
     rows = [diff_method(run, b, args, info["vocab_size"]) for b in args.batch_list]
     import fastmode
 
+    kv = {"torch.float16": "f16", "torch.float32": "f32", "torch.bfloat16": "bf16"}.get(str(llm.engine.kv_dtype), "?")
     if loaded.weight_format in ("fp32", "bf16"):
-        precision = f"{loaded.weight_format} (dequantized from {info['quant']})"
+        precision = f"{loaded.weight_format} (dequantized from {info['quant']}), {kv} KV"
     else:
         acts = "int8" if "int8-activations" in loaded.weight_format else "fp32"
-        precision = f"{loaded.weight_format.replace('+int8-activations', '')} GGUF (as stored), {acts} activations"
+        precision = f"{loaded.weight_format.replace('+int8-activations', '')} GGUF (as stored), {acts} activations, {kv} KV"
     config = "default EngineConfig" if args.fastmode_weights == "native" else f"weights={args.fastmode_weights}"
     return {"engine": "fastmode", "version": fastmode.__version__, "precision": precision,
             "config": f"{config}, standard tier, num_threads=--threads", "rows": rows}

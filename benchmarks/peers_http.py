@@ -385,9 +385,9 @@ def main(argv: list[str] | None = None) -> int:
 
         dtype = resolve_dtype("auto")
         if dtype == "float32" and ops() is not None and info["quant"] in ("Q4_0", "Q4_1", "Q8_0"):
-            fastmode_precision = f"{info['quant']} GGUF (as stored), fp32 activations"
+            fastmode_precision = f"{info['quant']} GGUF (as stored), fp32 activations, f16 KV"
         else:
-            fastmode_precision = f"{dtype} (dequantized from {info['quant']})"
+            fastmode_precision = f"{dtype} (dequantized from {info['quant']}), {'f16' if dtype == 'float32' else dtype} KV"
     except Exception:  # noqa: BLE001 -- a label only
         pass
     plan = [("llama-server", f"{info['quant']} GGUF (as stored), int8 activations, f16 KV", lambda: llama_server(args, model, logs)),

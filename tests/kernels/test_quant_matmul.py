@@ -117,9 +117,10 @@ def test_paged_decode_attention_matches_gathered_attention(heads, kvh, hd, cache
         K.paged_decode_attention(q, k_cache, v_cache.to(torch.bfloat16), tables, lens, 1.0)
 
 
-def test_fp16_attention_streams_past_the_prefetch_distance():
-    """Contexts longer than the rows the fp16 path asks for ahead (and not a multiple of the
-    block size) against attention over the widened cache."""
+def test_attention_split_over_context_chunks_is_exact_and_batch_invariant():
+    """Long contexts run as several 32-token chunks merged afterwards: the result matches plain
+    softmax attention, an fp16 cache gives exactly what its widened fp32 copy gives, and a
+    sequence's output is bit-identical alone or in a batch."""
     g = torch.Generator().manual_seed(8)
     heads, kvh, hd, bs = 9, 3, 64, 16
     k_cache, v_cache = (torch.randn(40, bs, kvh, hd, generator=g).half() for _ in range(2))
@@ -127,8 +128,15 @@ def test_fp16_attention_streams_past_the_prefetch_distance():
     lens = torch.tensor([301, 77])
     q = torch.randn(2, heads, hd, generator=g)
     got = K.paged_decode_attention(q, k_cache, v_cache, tables, lens, hd**-0.5)
-    want = K.paged_decode_attention(q, k_cache.float(), v_cache.float(), tables, lens, hd**-0.5)
-    assert torch.equal(got, want)  # same fp32 arithmetic on the same values
+    assert torch.equal(got, K.paged_decode_attention(q, k_cache.float(), v_cache.float(), tables, lens, hd**-0.5))
+    for b in range(2):
+        n = int(lens[b])
+        k = k_cache[tables[b]].flatten(0, 1)[:n].float().repeat_interleave(heads // kvh, dim=1)
+        v = v_cache[tables[b]].flatten(0, 1)[:n].float().repeat_interleave(heads // kvh, dim=1)
+        p = torch.softmax(torch.einsum("hd,thd->ht", q[b], k) * hd**-0.5, dim=-1)
+        torch.testing.assert_close(got[b], torch.einsum("ht,thd->hd", p, v), atol=1e-5, rtol=1e-5)
+        alone = K.paged_decode_attention(q[b : b + 1], k_cache, v_cache, tables[b : b + 1], lens[b : b + 1], hd**-0.5)
+        assert torch.equal(alone[0], got[b])
 
 
 def test_rms_norm_and_silu_mul_match_pytorch():

@@ -144,12 +144,20 @@ inline void weighted_sum16(const float* p, int64_t ldp, const float* const* vrow
 }  // namespace
 
 // Attention for one new query token per sequence over a paged KV cache.
-// q: (B, H, D); k_cache, v_cache: (num_blocks, block_size, KVH, D), fp32 or
-// fp16; block_tables: (B, max_blocks) long; context_lens: (B,) long. Returns
-// (B, H, D). fp32 caches are read in place (no gathered copy). fp16 caches
-// (half the bytes: at 16 sequences the KV reads outweigh the weights) are
-// widened head by head into a scratch buffer that stays in L2, then the same
-// fp32 arithmetic runs on it, so a cached value means the same in every path.
+// q: (B, H, D); k_cache, v_cache: (num_blocks, block_size, KVH, D), both fp32
+// or both fp16; block_tables: (B, max_blocks) long; context_lens: (B,) long.
+// Returns (B, H, D), fp32 arithmetic throughout.
+//
+// Split by context (as flash-decoding does): a task takes kChunk consecutive
+// tokens of one sequence, every head, and keeps per query head the chunk's
+// largest score, its sum of exponentials and its unnormalised weighted sum of
+// V; a second pass merges each sequence's chunks in order. The split depends
+// on the context length only, never on the batch, so a row's result does not
+// depend on what else is in the step, and one long sequence still keeps every
+// thread busy. A token's row holds all its KV heads side by side: fp16 rows
+// (half the bytes; at 16 sequences a step reads more KV than weight bytes) are
+// widened whole into a scratch buffer, contiguous reads the hardware
+// prefetcher follows; fp32 rows are read in place.
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat, "paged_decode_attention: q must be (B, H, D) fp32");
@@ -165,15 +173,19 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   const int64_t bs = k_cache.size(1), KVH = k_cache.size(2), nblocks = k_cache.size(0);
   TORCH_CHECK(k_cache.size(3) == D && H % KVH == 0, "paged_decode_attention: head shapes do not match");
   TORCH_CHECK(tables.size(0) == B && lens.size(0) == B, "paged_decode_attention: one table and length per sequence");
-  const int64_t maxb = tables.size(1), G = H / KVH;
+  const int64_t maxb = tables.size(1), G = H / KVH, W = KVH * D;
   const int64_t* tp = tables.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
+  constexpr int64_t kChunk = 32;
+  std::vector<int64_t> first(B + 1, 0);  // first chunk task of sequence b
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(lp[b] >= 1 && lp[b] <= maxb * bs, "paged_decode_attention: context length ", lp[b], " out of range");
     for (int64_t j = 0; j < (lp[b] + bs - 1) / bs; ++j)
       TORCH_CHECK(tp[b * maxb + j] >= 0 && tp[b * maxb + j] < nblocks, "paged_decode_attention: bad block id");
+    first[b + 1] = first[b] + (lp[b] + kChunk - 1) / kChunk;
   }
   auto out = torch::empty_like(q);
+  if (B == 0) return out;
   const float* qp = q.data_ptr<float>();
   const float* kp = half ? nullptr : k_cache.data_ptr<float>();
   const float* vp = half ? nullptr : v_cache.data_ptr<float>();
@@ -186,96 +198,99 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 #else
   const bool simd = false;
 #endif
-  constexpr int64_t kAheadRows = 16;
-  at::parallel_for(0, B * KVH, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores, kwide, vwide;
-    std::vector<const float*> krows, vrows;
+  const int64_t ntasks = first[B];
+  std::vector<float> pmax(ntasks * H), psum(ntasks * H), pacc(ntasks * H * D);  // per chunk and query head
+  at::parallel_for(0, ntasks, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(G * kChunk), wide(half ? 2 * kChunk * W : 0);
+    std::vector<const float*> krows(kChunk), vrows(kChunk);
+    int64_t base[kChunk];
+    int64_t b = std::upper_bound(first.begin(), first.end(), i0) - first.begin() - 1;
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / KVH, kh = i % KVH, T = lp[b];
-      scores.resize(G * T);
-      krows.resize(T);
-      vrows.resize(T);
-      if (half) {
-        kwide.resize(T * D);
-        vwide.resize(T * D);
+      while (first[b + 1] <= i) ++b;
+      const int64_t t0 = (i - first[b]) * kChunk, n = std::min(kChunk, lp[b] - t0);
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t t = t0 + r;
+        base[r] = (tp[b * maxb + t / bs] * bs + t % bs) * W;  // the token's row: every KV head
       }
-      for (int64_t t = 0; t < T; t += bs) {  // the sequence's rows, block by block
-        const int64_t base = (tp[b * maxb + t / bs] * bs * KVH + kh) * D;
-        for (int64_t r = 0; r < bs && t + r < T; ++r) {
-          if (half) {  // row offsets for now; widened below
-            krows[t + r] = reinterpret_cast<const float*>(base + r * KVH * D);
-          } else {
-            krows[t + r] = kp + base + r * KVH * D;
-            vrows[t + r] = vp + base + r * KVH * D;
-          }
+      float* kw = wide.data();
+      float* vw = kw + kChunk * W;
+      if (half) {
+        for (int64_t r = 0; r < n; ++r) {
+#if defined(__AVX2__)
+          if (r + 2 < n)  // rows are contiguous within a block only: ask for the next-but-one row too
+            for (int64_t l = 0; l < W; l += 32) {
+              _mm_prefetch(reinterpret_cast<const char*>(kh16 + base[r + 2] + l), _MM_HINT_T0);
+              _mm_prefetch(reinterpret_cast<const char*>(vh16 + base[r + 2] + l), _MM_HINT_T0);
+            }
+#endif
+          half_to_float_row(kh16 + base[r], kw + r * W, W);
+          half_to_float_row(vh16 + base[r], vw + r * W, W);
         }
       }
-      if (half) {
-        for (int64_t t = 0; t < T; ++t) {
-          if (t + kAheadRows < T) {
-            const int64_t off = reinterpret_cast<int64_t>(krows[t + kAheadRows]);
-            for (int64_t l = 0; l < D; l += 32) {
-              _mm_prefetch(reinterpret_cast<const char*>(kh16 + off + l), _MM_HINT_T0);
-              _mm_prefetch(reinterpret_cast<const char*>(vh16 + off + l), _MM_HINT_T0);
+      for (int64_t kh = 0; kh < KVH; ++kh) {
+        for (int64_t r = 0; r < n; ++r) {
+          krows[r] = half ? kw + r * W + kh * D : kp + base[r] + kh * D;
+          vrows[r] = half ? vw + r * W + kh * D : vp + base[r] + kh * D;
+        }
+        const float* qh = qp + (b * H + kh * G) * D;  // the G query heads that share this KV head
+        const int64_t h0 = i * H + kh * G;
+        // scores[g, t] = q_g . k_t * scale; e^(score - chunk max), summed
+        for (int64_t g = 0; g < G; ++g) {
+          float* sg = scores.data() + g * n;
+          int64_t t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+          for (; simd && t + 4 <= n; t += 4) dot4(qh + g * D, krows[t], krows[t + 1], krows[t + 2], krows[t + 3], D, sg + t);
+#endif
+          for (; t < n; ++t) sg[t] = dot(qh + g * D, krows[t], D);
+          float mx = -std::numeric_limits<float>::infinity();
+          for (t = 0; t < n; ++t) mx = std::max(mx, sg[t] *= sc);
+          pmax[h0 + g] = mx;
+          psum[h0 + g] = exp_shift_sum(sg, n, mx);
+        }
+        // acc_g = sum_t e_g[t] v_t, unnormalised
+        float* acc = pacc.data() + h0 * D;
+        if (!simd) {
+          std::fill_n(acc, G * D, 0.0f);
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t g = 0; g < G; ++g) axpy(scores[g * n + t], vrows[t], acc + g * D, D);
+          continue;
+        }
+#if defined(__AVX2__) && defined(__FMA__)
+        for (int64_t g = 0; g < G; g += 6) {  // six heads x 16 values: 12 accumulators in registers
+          const int64_t gt = std::min<int64_t>(6, G - g);
+          const float* pg = scores.data() + g * n;
+          float* og = acc + g * D;
+          for (int64_t d0 = 0; d0 < D; d0 += 16) {
+            switch (gt) {
+              case 1: weighted_sum16<1>(pg, n, vrows.data(), n, d0, og, D); break;
+              case 2: weighted_sum16<2>(pg, n, vrows.data(), n, d0, og, D); break;
+              case 3: weighted_sum16<3>(pg, n, vrows.data(), n, d0, og, D); break;
+              case 4: weighted_sum16<4>(pg, n, vrows.data(), n, d0, og, D); break;
+              case 5: weighted_sum16<5>(pg, n, vrows.data(), n, d0, og, D); break;
+              default: weighted_sum16<6>(pg, n, vrows.data(), n, d0, og, D); break;
             }
           }
-          const int64_t off = reinterpret_cast<int64_t>(krows[t]);
-          half_to_float_row(kh16 + off, kwide.data() + t * D, D);
-          half_to_float_row(vh16 + off, vwide.data() + t * D, D);
-          krows[t] = kwide.data() + t * D;
-          vrows[t] = vwide.data() + t * D;
-        }
-      }
-      const float* qh = qp + (b * H + kh * G) * D;  // the G query heads that share this KV head
-      float* oh = op + (b * H + kh * G) * D;
-      // scores[g, t] = q_g . k_t * scale, then a softmax over t per g
-      for (int64_t g = 0; g < G; ++g) {
-        float* sg = scores.data() + g * T;
-        int64_t t = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-        for (; simd && t + 4 <= T; t += 4) {
-          if (g == 0 && !half) {  // the first head's pass asks for later rows of K and V: a step ago
-            // other layers' weights and caches pushed them out, and the row walk is too irregular
-            // (a stride within a block, a jump between blocks) for the hardware prefetcher
-            for (int64_t u = t + kAheadRows; u < std::min(T, t + kAheadRows + 4); ++u)
-              for (int64_t l = 0; l < D; l += 16) {
-                _mm_prefetch(reinterpret_cast<const char*>(krows[u] + l), _MM_HINT_T0);
-                _mm_prefetch(reinterpret_cast<const char*>(vrows[u] + l), _MM_HINT_T1);
-              }
-          }
-          dot4(qh + g * D, krows[t], krows[t + 1], krows[t + 2], krows[t + 3], D, sg + t);
         }
 #endif
-        for (; t < T; ++t) sg[t] = dot(qh + g * D, krows[t], D);
-        float mx = -std::numeric_limits<float>::infinity();
-        for (t = 0; t < T; ++t) mx = std::max(mx, sg[t] *= sc);
-        const float inv = 1.0f / exp_shift_sum(sg, T, mx);
-        for (t = 0; t < T; ++t) sg[t] *= inv;
       }
-      // out_g = sum_t p[g, t] v_t
-      if (!simd) {
-        std::fill_n(oh, G * D, 0.0f);
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t g = 0; g < G; ++g) axpy(scores[g * T + t], vrows[t], oh + g * D, D);
-        continue;
+    }
+  });
+  // Merge each (sequence, head)'s chunks in order: rescale to the overall max, sum, normalise.
+  at::parallel_for(0, B * H, 16, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t b = j / H, h = j % H;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t c = first[b]; c < first[b + 1]; ++c) mx = std::max(mx, pmax[c * H + h]);
+      float* o = op + j * D;
+      std::fill_n(o, D, 0.0f);
+      float total = 0.0f;
+      for (int64_t c = first[b]; c < first[b + 1]; ++c) {
+        const float w = std::exp(pmax[c * H + h] - mx);
+        total += w * psum[c * H + h];
+        axpy(w, pacc.data() + (c * H + h) * D, o, D);
       }
-#if defined(__AVX2__) && defined(__FMA__)
-      for (int64_t g = 0; g < G; g += 6) {  // six heads x 16 values: 12 accumulators in registers
-        const int64_t gt = std::min<int64_t>(6, G - g);
-        for (int64_t d0 = 0; d0 < D; d0 += 16) {
-          const float* pg = scores.data() + g * T;
-          float* og = oh + g * D;
-          switch (gt) {
-            case 1: weighted_sum16<1>(pg, T, vrows.data(), T, d0, og, D); break;
-            case 2: weighted_sum16<2>(pg, T, vrows.data(), T, d0, og, D); break;
-            case 3: weighted_sum16<3>(pg, T, vrows.data(), T, d0, og, D); break;
-            case 4: weighted_sum16<4>(pg, T, vrows.data(), T, d0, og, D); break;
-            case 5: weighted_sum16<5>(pg, T, vrows.data(), T, d0, og, D); break;
-            default: weighted_sum16<6>(pg, T, vrows.data(), T, d0, og, D); break;
-          }
-        }
-      }
-#endif
+      const float inv = 1.0f / total;
+      for (int64_t d = 0; d < D; ++d) o[d] *= inv;
     }
   });
   return out;
