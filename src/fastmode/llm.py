@@ -108,10 +108,11 @@ class LLM:
                 self.engine.abort(rid)
 
     def score(self, token_ids: list[int]) -> list[float]:
-        """Log-probabilities of token_ids[1:] given their prefixes (for perplexity)."""
+        """Log-probabilities of token_ids[1:] given their prefixes (for perplexity), with K/V
+        stored as the engine stores them (`kv_cache_dtype`)."""
         from fastmode.engine.scoring import score_tokens
 
-        return score_tokens(self.engine.loaded, token_ids)
+        return score_tokens(self.engine.loaded, token_ids, kv_dtype=self.engine.kv_dtype)
 
     @staticmethod
     def _per_prompt(value: Any, n: int, name: str) -> list[Any]:

@@ -9,13 +9,16 @@ from fastmode.models.attention_batch import AttentionBatch, PrefillSpan
 
 
 @torch.inference_mode()
-def full_logits(loaded: LoadedModel, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
-    """(len, V) fp32 logits for every position, computed in one prefill on a private cache."""
+def full_logits(loaded: LoadedModel, token_ids: list[int], block_size: int = 16,
+                kv_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """(len, V) fp32 logits for every position, computed in one prefill on a private cache
+    of `kv_dtype` (default: the model's dtype; an engine passes its own cache's)."""
     cfg = loaded.config
     n = len(token_ids)
     num_blocks = -(-n // block_size)
     shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    caches = [(torch.zeros(shape, dtype=loaded.dtype), torch.zeros(shape, dtype=loaded.dtype)) for _ in range(cfg.num_layers)]
+    dt = kv_dtype or loaded.dtype
+    caches = [(torch.zeros(shape, dtype=dt), torch.zeros(shape, dtype=dt)) for _ in range(cfg.num_layers)]
     table = torch.arange(num_blocks)
     batch = AttentionBatch(
         slot_mapping=torch.arange(n),
@@ -26,9 +29,9 @@ def full_logits(loaded: LoadedModel, token_ids: list[int], block_size: int = 16)
     return loaded.model(ids, torch.arange(n), batch, caches, torch.arange(n))
 
 
-def score_tokens(loaded: LoadedModel, token_ids: list[int]) -> list[float]:
+def score_tokens(loaded: LoadedModel, token_ids: list[int], kv_dtype: torch.dtype | None = None) -> list[float]:
     if len(token_ids) < 2:
         return []
-    logits = full_logits(loaded, token_ids)
+    logits = full_logits(loaded, token_ids, kv_dtype=kv_dtype)
     logp = torch.log_softmax(logits[:-1], dim=-1)
     return logp.gather(1, torch.tensor(token_ids[1:]).unsqueeze(1)).squeeze(1).tolist()
