@@ -245,3 +245,13 @@ def test_draft_model_speculation_is_lossless_and_syncs_its_cache(tiny_llama_dir)
 def test_draft_request_without_a_draft_model_is_rejected(llm):
     with pytest.raises(ValueError, match="needs a draft model"):
         llm.generate([[1, 2, 3]], SamplingParams(speculative="draft"))
+
+
+def test_greedy_verification_accepts_the_agreeing_prefix():
+    """Greedy verification from the step's batched argmax: drafts are kept while they equal the
+    target's choice; the first disagreement, or the token after the last draft, is the target's."""
+    verify = ModelRunner._verify_greedy
+    assert verify([5, 6, 7, 8], [5, 6, 7]) == [5, 6, 7, 8]  # all accepted, plus the bonus token
+    assert verify([5, 9, 7, 8], [5, 6, 7]) == [5, 9]  # second draft rejected: the target's token instead
+    assert verify([4, 6, 7, 8], [5, 6, 7]) == [4]  # first draft rejected: still one new token
+    assert verify([3], []) == [3]  # no drafts: a plain step
