@@ -124,24 +124,19 @@ class ModelRunner:
         top = logits.argmax(-1).tolist() if any(s.seq.params.greedy for s, _ in row_owner) else []
         row = 0
         for s, k in row_owner:
-            seq = s.seq
-            rows = logits[row : row + k]
-            p = seq.params
-            if p.greedy:
-                greedy = top[row : row + k]
-                row += k
-                result[seq.request_id] = self._verify_greedy(greedy, s.seq.draft_token_ids[: k - 1])
-                continue
+            seq, p = s.seq, s.seq.params
+            rows, drafts = slice(row, row + k), seq.draft_token_ids[: k - 1]
             row += k
-            gen = None
-            if not p.greedy:
-                gen = self.generators.get(seq.request_id)
-                if gen is None:
-                    gen = self.generators[seq.request_id] = make_generator(p.seed)
+            if p.greedy:
+                result[seq.request_id] = self._verify_greedy(top[rows], drafts)
+                continue
+            gen = self.generators.get(seq.request_id)
+            if gen is None:
+                gen = self.generators[seq.request_id] = make_generator(p.seed)
             if k == 1:
-                result[seq.request_id] = [sample_row(rows[0], p, gen)]
+                result[seq.request_id] = [sample_row(logits[rows][0], p, gen)]
             else:
-                result[seq.request_id] = self._verify(rows, s.seq.draft_token_ids[: k - 1], p, gen)
+                result[seq.request_id] = self._verify(logits[rows], drafts, p, gen)
         return result
 
     @staticmethod

@@ -21,7 +21,8 @@ torch::Tensor silu_mul(torch::Tensor x);
 
 namespace {
 
-// n fp32 values -> fp16, rounding to nearest even (as torch's .to(torch.float16) does).
+// n fp32 values into a cache row: copied, or rounded to fp16 (nearest even, as torch's
+// .to(torch.float16) rounds).
 inline void store_row(const float* src, float* dst, int64_t n) { std::copy_n(src, n, dst); }
 inline void store_row(const float* src, at::Half* dst, int64_t n) {
   int64_t i = 0;
