@@ -127,6 +127,18 @@ class LLMEngine:
         tier: Tier | str = Tier.STANDARD,
         request_id: str | None = None,
     ) -> str:
+        """Queue a request; raises ValueError for bad input (nothing is left behind)."""
+        return self.add_sequence(self.make_sequence(prompt, params, tier, request_id))
+
+    def make_sequence(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        tier: Tier | str = Tier.STANDARD,
+        request_id: str | None = None,
+    ) -> Sequence:
+        """Check a request and build its Sequence without touching the scheduler's state,
+        so a thread other than the one stepping the engine may call it (AsyncEngine does)."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
             raise ValueError("prompt is empty")
@@ -137,9 +149,15 @@ class LLMEngine:
             raise ValueError("speculative='draft' needs a draft model; start the engine with draft_model=...")
         rid = request_id or f"req-{next(self._ids)}"
         seq = Sequence(rid, ids, params, Tier.parse(tier), arrival_time_s=self.clock())
-        self.scheduler.add(seq)  # validates length; raises ValueError
-        self._tracked[rid] = _Tracked(seq, IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output))
-        return rid
+        self.scheduler.check(seq)  # raises ValueError
+        return seq
+
+    def add_sequence(self, seq: Sequence) -> str:
+        """Queue a sequence from `make_sequence` (on the thread that steps the engine)."""
+        self.scheduler.add(seq)  # raises ValueError for a duplicate id
+        params = seq.params
+        self._tracked[seq.request_id] = _Tracked(seq, IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output))
+        return seq.request_id
 
     def abort(self, request_id: str) -> bool:
         ok = self.scheduler.abort(request_id, self.clock())

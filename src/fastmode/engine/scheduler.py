@@ -103,13 +103,18 @@ class Scheduler:
         self._by_id: dict[str, Sequence] = {}
 
     # -- requests ----------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
-        if seq.request_id in self._by_id:
-            raise ValueError(f"duplicate request id {seq.request_id!r}")
+    def check(self, seq: Sequence) -> None:
+        """Raise ValueError if `seq` could never run here. Reads only the configuration,
+        so another thread may call it while the engine thread steps."""
         if len(seq) >= self.config.max_model_len:
             raise ValueError(f"prompt has {len(seq)} tokens; the context limit is {self.config.max_model_len}")
         if self.block_manager.blocks_for(len(seq) + 1) > self.config.num_blocks:
             raise ValueError(f"prompt of {len(seq)} tokens can never fit in the KV cache")
+
+    def add(self, seq: Sequence) -> None:
+        if seq.request_id in self._by_id:
+            raise ValueError(f"duplicate request id {seq.request_id!r}")
+        self.check(seq)
         self._by_id[seq.request_id] = seq
         self.waiting.add(seq)
 
