@@ -1,7 +1,8 @@
 """Speculative decoding speed-up over plain decoding, by batch size and workload.
 
-Workloads: (i) chat answers, (ii) code edits whose answer repeats much of the
-input. Methods: n-gram prompt lookup and a draft model. Every configuration
+Workloads: (i) chat answers (4 prompts), (ii) code edits whose answer repeats
+much of the input (8 prompts). At batch b the workload's prompts run b at a
+time (at batch 1, each prompt in turn; at 16, the prompts cycled to fill it). Methods: n-gram prompt lookup and a draft model. Every configuration
 is run with speculation off in the same process, taking turns for --repeats
 rounds (the best round of each reported: this VM's speed drifts by 10-30% within
 minutes, and only ever downwards from what the code can do), and
@@ -34,9 +35,7 @@ CHAT = [
     "Describe how a bus schedule trades waiting time for cost.",
 ]
 
-CODE_EDIT = '''Rename the variable `total` to `running_sum` in this function and return the whole function:
-
-```python
+SUMMARIZE = '''```python
 def summarize(values):
     total = 0
     count = 0
@@ -47,16 +46,55 @@ def summarize(values):
     return {"total": total, "count": count, "mean": mean}
 ```'''
 
+STACK = '''```python
+class Stack:
+    def __init__(self):
+        self.items = []
 
-def run(llm, prompts, method: str, max_tokens: int):
+    def push(self, item):
+        self.items.append(item)
+
+    def pop(self):
+        return self.items.pop()
+
+    def is_empty(self):
+        return len(self.items) == 0
+```'''
+
+# Edits whose correct answer is the input code with a small change: the answer repeats much of
+# the prompt. The set is fixed (written before measuring any of them); what the model actually
+# copies is measured and printed ("answer tokens prompt lookup predicts").
+CODE_EDITS = [
+    "Rename the variable `total` to `running_sum` in this function and return the whole function:\n\n" + SUMMARIZE,
+    "Add a docstring to this function and return the whole function:\n\n" + SUMMARIZE,
+    "Add a comment above each line of this function:\n\n" + SUMMARIZE,
+    "Fix the bug in this function: it should skip None values.\n\n" + SUMMARIZE,
+    "Add a `peek` method to this class and return the whole class:\n\n" + STACK,
+    "Add docstrings to this class:\n\n" + STACK,
+    "Rewrite this code with 2-space indentation:\n\n" + STACK,
+    "Add a `size` method to this class and return the whole class:\n\n" + STACK,
+]
+
+
+def run(llm, prompts, method: str, max_tokens: int, batch: int | None = None):
+    """Generate `prompts` at most `batch` at a time (all at once by default): (outputs, output tok/s)."""
     from fastmode import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, speculative=method, ignore_eos=False)
+    batch = batch or len(prompts)
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params)
+    outs = []
+    for i in range(0, len(prompts), batch):
+        outs += llm.generate(prompts[i : i + batch], params)
     wall = time.perf_counter() - t0
     tokens = sum(len(o.token_ids) for o in outs)
     return outs, tokens / wall
+
+
+def batch_prompts(base: list, b: int) -> list:
+    """The prompts a batch-`b` run generates: every prompt of the workload at least once, `b` at a time."""
+    n = -(-max(b, len(base)) // b) * b  # whole batches
+    return [base[i % len(base)] for i in range(n)]
 
 
 def main() -> None:
@@ -82,7 +120,7 @@ def main() -> None:
     tok = llm.tokenizer
     workloads = {
         "chat": [tok.encode_chat([{"role": "user", "content": c}]) for c in CHAT],
-        "code-edit": [tok.encode_chat([{"role": "user", "content": CODE_EDIT}])],
+        "code-edit": [tok.encode_chat([{"role": "user", "content": c}]) for c in CODE_EDITS],
     }
     # Warm up every path once (first-call allocations, oneDNN kernel selection) so the
     # first configuration measured is not charged for them.
@@ -110,7 +148,7 @@ def main() -> None:
     stats = llm.engine.spec.stats
     for name, base in workloads.items():
         for b in [int(x) for x in args.batches.split(",")]:
-            prompts = [base[i % len(base)] for i in range(b)]
+            prompts = batch_prompts(base, b)  # at batch 1, each prompt in turn; at 16, the prompts cycled
             # Plain and each method take turns, `repeats` rounds: a slow spell of the machine
             # then hits every configuration instead of deciding one ratio. The best round of
             # each is kept: the noise here is one-sided (other work only ever slows a run down).
@@ -120,7 +158,7 @@ def main() -> None:
             for _ in range(args.repeats):
                 for m in ["off"] + methods:
                     before = sum(stats.draft_tokens.values()), sum(stats.accepted_tokens.values())
-                    outs, tps = run(llm, prompts, m, args.max_tokens)
+                    outs, tps = run(llm, prompts, m, args.max_tokens, b)
                     speeds[m].append(tps)
                     if m == "off":
                         ref = ref or outs
