@@ -148,6 +148,9 @@ class AsyncEngine:
         seq = self.engine.make_sequence(prompt, params, tier, rid)  # raises ValueError
         self._queues[rid] = (loop, asyncio.Queue())
         self._inbox.append(seq)
+        if self._closed:  # shutdown began since the check above and may have cleared the inbox already
+            self._queues.pop(rid, None)
+            raise EngineClosedError("the engine is shutting down")
         self._wake.set()
         return rid
 
