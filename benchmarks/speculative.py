@@ -133,16 +133,19 @@ def main() -> None:
     # How much of each workload's answer repeats its context: the share of answer tokens that
     # prompt lookup (one token, from the greedy plain output) would have proposed correctly.
     # Many-token n-gram gains need this high; it is a property of the model's answers.
-    lookup = {}
+    lookup, lookup_per_prompt = {}, {}
     for name, base in workloads.items():
         outs, _ = run(llm, base, "off", args.max_tokens)
         hits = total = 0
+        lookup_per_prompt[name] = []
         for p_ids, o in zip(base, outs):
             toks = list(p_ids) + list(o.token_ids)
-            hits += sum(propose_ngram(toks[:i], 1) == [toks[i]] for i in range(len(p_ids), len(toks)))
-            total += len(o.token_ids)
+            h = sum(propose_ngram(toks[:i], 1) == [toks[i]] for i in range(len(p_ids), len(toks)))
+            lookup_per_prompt[name].append(h / max(1, len(o.token_ids)))
+            hits, total = hits + h, total + len(o.token_ids)
         lookup[name] = hits / max(1, total)
-    print("answer tokens prompt lookup predicts: " + ", ".join(f"{k} {v:.0%}" for k, v in lookup.items()))
+    print("answer tokens prompt lookup predicts: " + ", ".join(
+        f"{k} {v:.0%} (per prompt {' '.join(f'{x:.0%}' for x in lookup_per_prompt[k])})" for k, v in lookup.items()))
     print(f"{'workload':>10} {'batch':>5} {'method':>6} {'plain tok/s':>11} {'spec tok/s':>10} {'speed-up':>8} {'accept':>7} {'same':>5}")
     rows = []
     stats = llm.engine.spec.stats
@@ -177,7 +180,8 @@ def main() -> None:
                       f"{'-' if acc is None else f'{acc:.2f}':>7} {str(same[m]):>5}", flush=True)
     spark_rows = [] if args.no_spark or args.model else spark_vs_teacher(llm, workloads["chat"], args)
     out = write_json(args.out, {"machine": machine(), "args": vars(args), "draft": draft_name, "rows": rows,
-                                "lookup_hit_rate": lookup, "spark_vs_teacher": spark_rows})
+                                "lookup_hit_rate": lookup, "lookup_hit_rate_per_prompt": lookup_per_prompt,
+                                "spark_vs_teacher": spark_rows})
     print(f"wrote {out}")
 
 

@@ -72,9 +72,9 @@ class AdmissionController:
         self.fast_capacity = max(1, int(lane * config.fast_lane_full_factor))
 
     def _num_waiting(self) -> int:
-        # Read without the engine lock: the lock is held for whole steps, and
-        # taking it here would stall the event loop. A length read is safe and
-        # at worst one step stale, which is fine for a queue bound.
+        # Read from the event loop while the engine thread steps: a length read is
+        # safe, and at worst one step stale (requests still in AsyncEngine's inbox
+        # join the queue at the next step boundary), which is fine for a queue bound.
         return len(self.engine.scheduler.waiting)
 
     def admit(self, choice: TierChoice, input_tokens: int, max_output_tokens: int) -> Admission:
