@@ -7,10 +7,10 @@ spinning between regions after ~1000 iterations and sleeps on a futex instead:
 each of the hundreds of parallel regions in a step then pays a wake-up. A
 server loads its model on the main thread (that thread's pool is created
 then) and steps the engine on another (a second pool), which is exactly that
-case. Measured on the project's 2-vCPU VM, a 32-sequence generate on a
-thread after the main thread had loaded the model used 1.73-1.80 cores and ran
-~10% slower; with the main thread's pool released first it used 1.99 cores,
-as on the main thread.
+case. `benchmarks/engine_thread.py` measures it: on the project's 2-vCPU VM
+the engine thread kept 1.75-1.78 cores busy and ran at 0.91x the main
+thread's speed while the main thread kept its pool, and 1.99 cores at 1.00x
+once it was released.
 
 `release_thread_pool()` frees the calling thread's pool (OpenMP 5.0's
 omp_pause_resource_all, soft pause: the pool is rebuilt if that thread runs a
@@ -42,7 +42,8 @@ def _loaded_libgomp() -> str | None:
 
 
 def release_thread_pool() -> bool:
-    """Free the calling thread's OpenMP worker threads; True if a pool was released or there was none."""
+    """Free the calling thread's OpenMP worker threads (if it has any). True where libgomp accepted
+    the call, False where there is no libgomp or the call was refused."""
     path = _loaded_libgomp()
     if path is None:
         return False
