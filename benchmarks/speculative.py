@@ -3,9 +3,10 @@
 Workloads: (i) chat answers (4 prompts), (ii) code edits whose answer repeats
 much of the input (8 prompts). At batch b the workload's prompts run b at a
 time (at batch 1, each prompt in turn; at 16, the prompts cycled to fill it). Methods: n-gram prompt lookup and a draft model. Every configuration
-is run with speculation off in the same process, taking turns for --repeats
-rounds (the best round of each reported: this VM's speed drifts by 10-30% within
-minutes, and only ever downwards from what the code can do), and
+is run with speculation off in the same process: in each of --repeats rounds the
+configurations take turns batch by batch, in rotating order (the best round of each
+reported: this VM's speed drifts by 10-30% within minutes, and only ever downwards
+from what the code can do), and
 outputs are checked to be identical in every round (speculation is lossless). Speculation is forced on regardless
 of the batch policy with `--force`; by default the engine's policy decides
 (so large batches show the policy switching it off, i.e. ~1.0x).
@@ -15,11 +16,20 @@ of the batch policy with `--force`; by default the engine's policy decides
 
 It also measures the Spark model on its own against the teacher (plain decoding,
 same prompts, same batch sizes): the seeds' "smaller, faster, weaker" route.
+
+At batch 1 it also prints the n-gram ceiling: the speed-up of the decode steps
+(prefill excluded) that a policy knowing the future would reach with prompt
+lookup, drafting at each step exactly the lookup tokens the model will accept
+(none where the first is wrong). Each step is priced at the engine's own
+step time for that many rows, measured in the same batch-1 runs. Beside it,
+the measured speed-up of the decode steps alone: what any k policy can still
+gain is the gap between the two.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -97,6 +107,79 @@ def batch_prompts(base: list, b: int) -> list:
     return [base[i % len(base)] for i in range(n)]
 
 
+class StepLog:
+    """Seconds and rows of every step that computed no prompt chunk (decodes and
+    verifications), recorded around the engine's model runner."""
+
+    def __init__(self, engine):
+        self.start_block()
+        self.decode_s = 0.0  # running total; callers take differences
+        runner, execute = engine.runner, engine.runner.execute
+
+        def timed(out):
+            t0 = time.perf_counter()
+            result = execute(out)
+            dt = time.perf_counter() - t0
+            if all(s.num_tokens - s.num_draft_tokens == 1 for s in out.scheduled):
+                self.decode_s += dt
+                self.samples.setdefault(sum(s.num_tokens for s in out.scheduled), []).append(dt)
+            return result
+
+        runner.execute = timed
+
+    def start_block(self) -> None:
+        self.samples: dict[int, list[float]] = {}  # rows -> seconds of each step since start_block()
+
+    def step_line(self) -> tuple[float, float] | None:
+        """(seconds at 0 rows, seconds per row): a least-squares line through the median step
+        time of each row count measured since start_block(), each weighted by its number of
+        steps; None with fewer than two counts. A step at batch 1 grows about linearly with
+        its rows here (each row adds its share of FMAs over the weights the step streams
+        anyway); medians keep single slow steps out."""
+        pts = [(r, statistics.median(v), len(v)) for r, v in self.samples.items()]
+        if len(pts) < 2:
+            return None
+        n = sum(w for *_, w in pts)
+        mx, my = sum(r * w for r, _, w in pts) / n, sum(t * w for _, t, w in pts) / n
+        slope = sum(w * (r - mx) * (t - my) for r, t, w in pts) / sum(w * (r - mx) ** 2 for r, _, w in pts)
+        return my - slope * mx, slope
+
+
+def lookup_ceiling(prompts, outs, line: tuple[float, float], kmax: int) -> float:
+    """Decode-step speed-up at batch 1 of an oracle prompt-lookup policy: at each step it
+    drafts exactly the lookup tokens that will be accepted, a step of r rows costing
+    a + b r (`line`, measured), a plain step a + b."""
+    from fastmode.speculative.ngram import propose_ngram
+
+    a, b = line
+    plain = spec = 0.0
+    for p_ids, o in zip(prompts, outs):
+        toks = list(p_ids) + list(o.token_ids)
+        i = len(p_ids)
+        plain += (len(toks) - i) * (a + b)
+        while i < len(toks):
+            drafts = propose_ngram(toks[:i], kmax)
+            accepted = 0
+            while accepted < len(drafts) and i + accepted < len(toks) and toks[i + accepted] == drafts[accepted]:
+                accepted += 1
+            spec += a + b * (1 + accepted)
+            i += accepted + 1
+    return plain / spec
+
+
+def iid_bound(acceptance: float, draft_cost: float, line: tuple[float, float], kmax: int) -> float:
+    """The best expected decode-step speed-up over k <= kmax for i.i.d. drafts accepted at
+    `acceptance` (Leviathan et al.: E(k) = (1 - a^(k+1)) / (1 - a) tokens per step), a
+    drafting round of k tokens costing k * `draft_cost` plain steps and a verification of
+    k drafts (1 + k rows) priced by the measured `line`."""
+    a, b = line
+    best = 0.0
+    for k in range(1, kmax + 1):
+        expected = sum(acceptance**j for j in range(k + 1))
+        best = max(best, expected / ((a + b * (1 + k)) / (a + b) + k * draft_cost))
+    return best
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None)
@@ -146,9 +229,11 @@ def main() -> None:
         lookup[name] = hits / max(1, total)
     print("answer tokens prompt lookup predicts: " + ", ".join(
         f"{k} {v:.0%} (per prompt {' '.join(f'{x:.0%}' for x in lookup_per_prompt[k])})" for k, v in lookup.items()))
-    print(f"{'workload':>10} {'batch':>5} {'method':>6} {'plain tok/s':>11} {'spec tok/s':>10} {'speed-up':>8} {'accept':>7} {'same':>5}")
-    rows = []
+    print(f"{'workload':>10} {'batch':>5} {'method':>6} {'plain tok/s':>11} {'spec tok/s':>10} {'speed-up':>8} "
+          f"{'decode steps':>12} {'accept':>7} {'same':>5}")
+    rows, ceilings = [], {}
     stats = llm.engine.spec.stats
+    steps = StepLog(llm.engine)
     for name, base in workloads.items():
         for b in [int(x) for x in args.batches.split(",")]:
             prompts = batch_prompts(base, b)  # at batch 1, each prompt in turn; at 16, the prompts cycled
@@ -156,31 +241,71 @@ def main() -> None:
             # then hits every configuration instead of deciding one ratio. The best round of
             # each is kept: the noise here is one-sided (other work only ever slows a run down).
             speeds: dict[str, list[float]] = {m: [] for m in ["off"] + methods}
+            decode_s: dict[str, list[float]] = {m: [] for m in ["off"] + methods}  # seconds in decode/verify steps
+            steps.start_block()
             drafted, accepted, same = dict.fromkeys(methods, 0), dict.fromkeys(methods, 0), dict.fromkeys(methods, True)
             ref = None
-            for _ in range(args.repeats):
-                for m in ["off"] + methods:
-                    before = sum(stats.draft_tokens.values()), sum(stats.accepted_tokens.values())
-                    outs, tps = run(llm, prompts, m, args.max_tokens, b)
-                    speeds[m].append(tps)
-                    if m == "off":
-                        ref = ref or outs
-                        continue
-                    drafted[m] += sum(stats.draft_tokens.values()) - before[0]
-                    accepted[m] += sum(stats.accepted_tokens.values()) - before[1]
-                    same[m] &= [o.token_ids for o in outs] == [o.token_ids for o in ref]
+            order = ["off"] + methods
+            for rnd in range(args.repeats):
+                # Within a round the methods take turns batch by batch (each batch ~1-2 s), the
+                # order rotating, so a slow spell of the machine hits all of them alike.
+                wall, tokens, decode, outs = dict.fromkeys(order, 0.0), dict.fromkeys(order, 0), dict.fromkeys(order, 0.0), {m: [] for m in order}
+                for g, i in enumerate(range(0, len(prompts), b)):
+                    turn = (g + rnd) % len(order)
+                    for m in order[turn:] + order[:turn]:
+                        before = sum(stats.draft_tokens.values()), sum(stats.accepted_tokens.values())
+                        d0 = steps.decode_s
+                        t0 = time.perf_counter()
+                        got, _ = run(llm, prompts[i : i + b], m, args.max_tokens)
+                        wall[m] += time.perf_counter() - t0
+                        decode[m] += steps.decode_s - d0
+                        tokens[m] += sum(len(o.token_ids) for o in got)
+                        outs[m] += got
+                        if m != "off":
+                            drafted[m] += sum(stats.draft_tokens.values()) - before[0]
+                            accepted[m] += sum(stats.accepted_tokens.values()) - before[1]
+                for m in order:
+                    speeds[m].append(tokens[m] / wall[m])
+                    decode_s[m].append(decode[m])
+                ref = ref or outs["off"]
+                for m in methods:
+                    same[m] &= [o.token_ids for o in outs[m]] == [o.token_ids for o in ref]
             plain = max(speeds["off"])
             for m in methods:
                 spec = max(speeds[m])
                 acc = accepted[m] / drafted[m] if drafted[m] else None
+                decode_x = min(decode_s["off"]) / min(decode_s[m])  # best round of each, as for tok/s
                 rows.append({"workload": name, "batch": b, "method": m, "plain_tok_s": plain, "spec_tok_s": spec,
-                             "speedup": spec / plain, "acceptance": acc, "drafted": drafted[m], "identical": same[m],
-                             "plain_runs": speeds["off"], "spec_runs": speeds[m]})
+                             "speedup": spec / plain, "decode_speedup": decode_x, "acceptance": acc,
+                             "drafted": drafted[m], "identical": same[m], "plain_runs": speeds["off"],
+                             "spec_runs": speeds[m], "plain_decode_s": decode_s["off"], "spec_decode_s": decode_s[m]})
                 print(f"{name:>10} {b:>5} {m:>6} {plain:>11.1f} {spec:>10.1f} {spec / plain:>7.2f}x "
-                      f"{'-' if acc is None else f'{acc:.2f}':>7} {str(same[m]):>5}", flush=True)
+                      f"{decode_x:>11.2f}x {'-' if acc is None else f'{acc:.2f}':>7} {str(same[m]):>5}", flush=True)
+            if b == 1 and "ngram" in methods:
+                line = steps.step_line()
+                medians = {r: round(1000 * statistics.median(v), 1) for r, v in sorted(steps.samples.items())}
+                ceiling = None if line is None else lookup_ceiling(prompts, ref, line, llm.engine.spec.config.max_draft_tokens)
+                ceilings[name] = {"decode_speedup": ceiling, "step_ms_median_by_rows": medians,
+                                  "steps_by_rows": {r: len(v) for r, v in sorted(steps.samples.items())},
+                                  "step_line_ms": None if line is None else [1000 * line[0], 1000 * line[1]]}
+                draft = next((r for r in rows if r["workload"] == name and r["batch"] == 1 and r["method"] == "draft"), None)
+                if line is not None and draft is not None and draft["acceptance"]:
+                    kmax, c = llm.engine.spec.config.max_draft_tokens, llm.engine.spec.draft_cost
+                    bound, free = iid_bound(draft["acceptance"], c, line, kmax), iid_bound(draft["acceptance"], 0.0, line, kmax)
+                    ceilings[name]["draft_bound"] = {"acceptance": draft["acceptance"], "draft_cost": c,
+                                                     "decode_speedup": bound, "free_draft_decode_speedup": free}
+                    print(f"{'':>10} draft bound at batch 1: {bound:.2f}x of the decode steps at its acceptance "
+                          f"{draft['acceptance']:.2f} and measured round cost {c:.2f} steps per token ({free:.2f}x "
+                          f"were drafting free)", flush=True)
+                print(f"{'':>10} n-gram ceiling at batch 1: "
+                      + ("-" if line is None else f"{ceiling:.2f}x of the decode steps (oracle k; a step of r rows "
+                         f"{1000 * line[0]:.1f} + {1000 * line[1]:.2f} r ms, fitted to the median ms by rows {medians} over "
+                         f"{ceilings[name]['steps_by_rows']} steps)"),
+                      flush=True)
     spark_rows = [] if args.no_spark or args.model else spark_vs_teacher(llm, workloads["chat"], args)
     out = write_json(args.out, {"machine": machine(), "args": vars(args), "draft": draft_name, "rows": rows,
                                 "lookup_hit_rate": lookup, "lookup_hit_rate_per_prompt": lookup_per_prompt,
+                                "ngram_ceiling_batch1": ceilings,
                                 "spark_vs_teacher": spark_rows})
     print(f"wrote {out}")
 
