@@ -7,6 +7,9 @@ Rows printed, each beside its PyTorch peer measured in the same run:
   head last) at 1-512 activation rows: `quant_matmul` on the GGUF blocks
   against `F.linear` (oneDNN/MKL) on their exact fp32 dequantization;
 - the output head alone at one row (the largest single weight);
+- the largest layer linear (gate/up, 3072 x 576, Q4_1) at one row with its
+  blocks in cache, 100 calls in a row: the dequantization's instruction cost
+  without DRAM (at one row that cost, not memory, bounds the matmul here);
 - decode attention for 16 sequences x ~228 tokens over a paged cache:
   `paged_decode_attention` against the PyTorch path fastmode uses without its
   kernels (gather the blocks, matmul, masked softmax, matmul), one layer, its
@@ -58,6 +61,13 @@ def bench_matmuls(k, mods, rows: list[int], repeats: int, int8: bool = False) ->
     peer = best_of(lambda: F.linear(x, w), repeats * 3)
     print(f"output head alone ({head.out_features} x {head.in_features}), 1 row: fastmode {ours * 1e3:.2f} ms, "
           f"PyTorch fp32 {peer * 1e3:.2f} ms ({peer / ours:.2f}x)")
+    i = max(range(len(mods) - 1), key=lambda j: mods[j].out_features * mods[j].in_features)  # the head excluded
+    big, w = mods[i], dense[i]
+    x = torch.randn(1, big.in_features)
+    ours = best_of(lambda: [k.quant_matmul(x, big.qweight, big.qtype, int8) for _ in range(100)], repeats) / 100
+    peer = best_of(lambda: [F.linear(x, w) for _ in range(100)], repeats) / 100
+    print(f"largest layer linear ({big.out_features} x {big.in_features}), 1 row, in cache: fastmode "
+          f"{ours * 1e6:.0f} us, PyTorch fp32 {peer * 1e6:.0f} us ({peer / ours:.2f}x)")
 
 
 def _dequantized(k, m) -> torch.Tensor:
