@@ -29,7 +29,6 @@ gain is the gap between the two.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import machine, write_json  # noqa: E402
+from benchmarks.speculation_bounds import StepLog, report_batch1  # noqa: E402
 
 CHAT = [
     "Explain what a KV cache is and why it speeds up text generation.",
@@ -105,79 +105,6 @@ def batch_prompts(base: list, b: int) -> list:
     """The prompts a batch-`b` run generates: every prompt of the workload at least once, `b` at a time."""
     n = -(-max(b, len(base)) // b) * b  # whole batches
     return [base[i % len(base)] for i in range(n)]
-
-
-class StepLog:
-    """Seconds and rows of every step that computed no prompt chunk (decodes and
-    verifications), recorded around the engine's model runner."""
-
-    def __init__(self, engine):
-        self.start_block()
-        self.decode_s = 0.0  # running total; callers take differences
-        runner, execute = engine.runner, engine.runner.execute
-
-        def timed(out):
-            t0 = time.perf_counter()
-            result = execute(out)
-            dt = time.perf_counter() - t0
-            if all(s.num_tokens - s.num_draft_tokens == 1 for s in out.scheduled):
-                self.decode_s += dt
-                self.samples.setdefault(sum(s.num_tokens for s in out.scheduled), []).append(dt)
-            return result
-
-        runner.execute = timed
-
-    def start_block(self) -> None:
-        self.samples: dict[int, list[float]] = {}  # rows -> seconds of each step since start_block()
-
-    def step_line(self) -> tuple[float, float] | None:
-        """(seconds at 0 rows, seconds per row): a least-squares line through the median step
-        time of each row count measured since start_block(), each weighted by its number of
-        steps; None with fewer than two counts. A step at batch 1 grows about linearly with
-        its rows here (each row adds its share of FMAs over the weights the step streams
-        anyway); medians keep single slow steps out."""
-        pts = [(r, statistics.median(v), len(v)) for r, v in self.samples.items()]
-        if len(pts) < 2:
-            return None
-        n = sum(w for *_, w in pts)
-        mx, my = sum(r * w for r, _, w in pts) / n, sum(t * w for _, t, w in pts) / n
-        slope = sum(w * (r - mx) * (t - my) for r, t, w in pts) / sum(w * (r - mx) ** 2 for r, _, w in pts)
-        return my - slope * mx, slope
-
-
-def lookup_ceiling(prompts, outs, line: tuple[float, float], kmax: int) -> float:
-    """Decode-step speed-up at batch 1 of an oracle prompt-lookup policy: at each step it
-    drafts exactly the lookup tokens that will be accepted, a step of r rows costing
-    a + b r (`line`, measured), a plain step a + b."""
-    from fastmode.speculative.ngram import propose_ngram
-
-    a, b = line
-    plain = spec = 0.0
-    for p_ids, o in zip(prompts, outs):
-        toks = list(p_ids) + list(o.token_ids)
-        i = len(p_ids)
-        plain += (len(toks) - i) * (a + b)
-        while i < len(toks):
-            drafts = propose_ngram(toks[:i], kmax)
-            accepted = 0
-            while accepted < len(drafts) and i + accepted < len(toks) and toks[i + accepted] == drafts[accepted]:
-                accepted += 1
-            spec += a + b * (1 + accepted)
-            i += accepted + 1
-    return plain / spec
-
-
-def iid_bound(acceptance: float, draft_cost: float, line: tuple[float, float], kmax: int) -> float:
-    """The best expected decode-step speed-up over k <= kmax for i.i.d. drafts accepted at
-    `acceptance` (Leviathan et al.: E(k) = (1 - a^(k+1)) / (1 - a) tokens per step), a
-    drafting round of k tokens costing k * `draft_cost` plain steps and a verification of
-    k drafts (1 + k rows) priced by the measured `line`."""
-    a, b = line
-    best = 0.0
-    for k in range(1, kmax + 1):
-        expected = sum(acceptance**j for j in range(k + 1))
-        best = max(best, expected / ((a + b * (1 + k)) / (a + b) + k * draft_cost))
-    return best
 
 
 def main() -> None:
@@ -282,26 +209,7 @@ def main() -> None:
                 print(f"{name:>10} {b:>5} {m:>6} {plain:>11.1f} {spec:>10.1f} {spec / plain:>7.2f}x "
                       f"{decode_x:>11.2f}x {'-' if acc is None else f'{acc:.2f}':>7} {str(same[m]):>5}", flush=True)
             if b == 1 and "ngram" in methods:
-                line = steps.step_line()
-                medians = {r: round(1000 * statistics.median(v), 1) for r, v in sorted(steps.samples.items())}
-                ceiling = None if line is None else lookup_ceiling(prompts, ref, line, llm.engine.spec.config.max_draft_tokens)
-                ceilings[name] = {"decode_speedup": ceiling, "step_ms_median_by_rows": medians,
-                                  "steps_by_rows": {r: len(v) for r, v in sorted(steps.samples.items())},
-                                  "step_line_ms": None if line is None else [1000 * line[0], 1000 * line[1]]}
-                draft = next((r for r in rows if r["workload"] == name and r["batch"] == 1 and r["method"] == "draft"), None)
-                if line is not None and draft is not None and draft["acceptance"]:
-                    kmax, c = llm.engine.spec.config.max_draft_tokens, llm.engine.spec.draft_cost
-                    bound, free = iid_bound(draft["acceptance"], c, line, kmax), iid_bound(draft["acceptance"], 0.0, line, kmax)
-                    ceilings[name]["draft_bound"] = {"acceptance": draft["acceptance"], "draft_cost": c,
-                                                     "decode_speedup": bound, "free_draft_decode_speedup": free}
-                    print(f"{'':>10} draft bound at batch 1: {bound:.2f}x of the decode steps at its acceptance "
-                          f"{draft['acceptance']:.2f} and measured round cost {c:.2f} steps per token ({free:.2f}x "
-                          f"were drafting free)", flush=True)
-                print(f"{'':>10} n-gram ceiling at batch 1: "
-                      + ("-" if line is None else f"{ceiling:.2f}x of the decode steps (oracle k; a step of r rows "
-                         f"{1000 * line[0]:.1f} + {1000 * line[1]:.2f} r ms, fitted to the median ms by rows {medians} over "
-                         f"{ceilings[name]['steps_by_rows']} steps)"),
-                      flush=True)
+                ceilings[name] = report_batch1(llm, steps, prompts, ref, [r for r in rows if r["workload"] == name])
     spark_rows = [] if args.no_spark or args.model else spark_vs_teacher(llm, workloads["chat"], args)
     out = write_json(args.out, {"machine": machine(), "args": vars(args), "draft": draft_name, "rows": rows,
                                 "lookup_hit_rate": lookup, "lookup_hit_rate_per_prompt": lookup_per_prompt,

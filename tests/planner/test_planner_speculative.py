@@ -13,6 +13,7 @@ from fastmode.planner.speculative import (SpecConfig, closed_form_speedup, expec
 def test_expected_tokens_closed_form():
     assert expected_tokens_per_verify(0.7, 4) == pytest.approx(sum(0.7 ** i for i in range(5)))
     assert expected_tokens_per_verify(0.0, 4) == 1.0
+    assert expected_tokens_per_verify(1.0, 4) == 5.0  # every draft accepted
     assert closed_form_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.2))
 
 

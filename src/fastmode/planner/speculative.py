@@ -55,6 +55,8 @@ def expected_tokens_per_verify(acceptance: float, draft_len: int) -> float:
     a, k = acceptance, draft_len
     if a == 0:
         return 1.0
+    if a == 1:  # every draft accepted (the limit of the formula)
+        return k + 1.0
     return (1 - a ** (k + 1)) / (1 - a)
 
 
