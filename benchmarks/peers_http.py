@@ -7,8 +7,12 @@ both servers get the very same requests):
 
 1. peers: each server alone at --concurrency clients for --num-requests
    requests. The servers run one after the other, never together (they would
-   share the cores). No service_tier is sent: llama-server has no tiers and
-   fastmode serves an absent tier as standard.
+   share the cores), in --rounds rounds whose order alternates (llama-server
+   then fastmode, then fastmode then llama-server, ...): on this VM the speed
+   drifts by 10-20% over minutes, and with an even number of rounds both
+   servers sit at the same mean time, so a steady drift cancels out of the
+   ratio. Each round's ratio is printed too. No service_tier is sent:
+   llama-server has no tiers and fastmode serves an absent tier as standard.
    llama-server: `-m MODEL -np C -cb -c C*CTX_PER_SLOT -t T -tb T`;
    fastmode: `fastmode serve --model MODEL --num-threads T`, otherwise default.
 2. fast-tier (fastmode only): --concurrency standard clients keep the server
@@ -214,11 +218,11 @@ def run_bench(cmd: list[str], out_json: Path, timeout_s: float) -> dict | None:
         return None
 
 
-def scenario_peer(args: argparse.Namespace, server: Server, work: Path) -> dict:
+def scenario_peer(args: argparse.Namespace, server: Server, work: Path, round_no: int = 0) -> dict:
     with server:
         startup = server.start(args.startup_timeout_s)
         print(f"   {server.name} healthy after {startup:.1f} s", flush=True)
-        out = work / f"bench-{server.name}.json"
+        out = work / f"bench-{server.name}-{round_no}.json"
         cmd = bench_cmd(args, server.base_url, out, concurrency=args.concurrency, num_requests=args.num_requests,
                         warmup=args.warmup_requests)
         report = run_bench(cmd, out, args.timeout_s)
@@ -226,6 +230,23 @@ def scenario_peer(args: argparse.Namespace, server: Server, work: Path) -> dict:
     check_full_length(server.name, summary, args.max_tokens)
     return {"server": server.name, "command": server.cmd, "startup_s": startup, "bench_command": cmd,
             "summary": summary, "report": report}
+
+
+def combine_rounds(rounds: list[dict]) -> dict:
+    """One server's summary over its rounds: rates and latencies are the mean of the rounds' figures
+    (each round weighs the same, as the alternating order assumes), counts are summed."""
+    summaries = [r["summary"] for r in rounds]
+    out: dict = {"rounds": len(rounds), "missing": sorted({m for s in summaries for m in s["missing"]})}
+    for key in ("output_tok_s", "tok_s_per_request_p50", "ttft_p50_s", "tpot_p50_s"):
+        vals = [s[key] for s in summaries]
+        out[key] = None if any(v is None for v in vals) else sum(vals) / len(vals)
+    for key in ("completed", "num_requests", "output_tokens"):
+        vals = [s.get(key) for s in summaries]
+        out[key] = None if any(v is None for v in vals) else sum(vals)
+    out["errors"] = [s.get("errors") for s in summaries]  # each round's, as the bench reported them
+    fl = [s.get("full_length") for s in summaries]
+    out["full_length"] = None if None in fl else all(fl)
+    return out
 
 
 def check_full_length(name: str, summary: dict, max_tokens: int) -> None:
@@ -304,6 +325,11 @@ def print_tables(res: dict, args: argparse.Namespace) -> None:
         rows.append((p["server"], p["precision"], str(args.concurrency), f"{s['completed']}/{s['num_requests']}",
                      fmt(s["output_tok_s"]), fmt(s["tok_s_per_request_p50"]), fmt(s["ttft_p50_s"], 3), ratio))
     _print_rows(header, rows)
+    per_round = {p["server"]: [r["summary"]["output_tok_s"] for r in p.get("rounds", [])] for p in peers}
+    if len(per_round) == 2 and min(len(v) for v in per_round.values()) > 1:
+        ratios = [f"{f / ll:.2f}x" if f and ll else "-" for ll, f in zip(per_round["llama-server"], per_round["fastmode"])]
+        print("per round (out tok/s, llama-server / fastmode, order alternating): " + "; ".join(
+            f"{fmt(ll)} / {fmt(f)} ({r})" for ll, f, r in zip(per_round["llama-server"], per_round["fastmode"], ratios)))
     for p in peers:
         if p["summary"]["missing"]:
             print(f"   {p['server']}: missing from the bench report: {', '.join(p['summary']['missing'])}")
@@ -338,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="GGUF file (default: the embedded default model's)")
     p.add_argument("--threads", type=int, default=2, help="threads each server gets (default 2)")
     p.add_argument("--concurrency", type=int, default=16, help="concurrent clients (default 16)")
-    p.add_argument("--num-requests", type=int, default=64, help="measured requests per server (default 64)")
+    p.add_argument("--num-requests", type=int, default=64, help="measured requests per server and round (default 64)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds of the peers scenario, the servers' order alternating (default 2)")
     p.add_argument("--warmup-requests", type=int, help="unmeasured requests first (default: --concurrency)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--input-len", type=int, default=128, help="synthetic prompt length, ~tokens (default 128)")
@@ -366,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--skip: unknown {sorted(skip - set(SCENARIOS))}; choose from {', '.join(SCENARIOS)}")
     if args.warmup_requests is None:
         args.warmup_requests = args.concurrency
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
 
     from benchmarks.common import machine, write_json
 
@@ -392,19 +422,27 @@ def main(argv: list[str] | None = None) -> int:
         pass
     plan = [("llama-server", f"{info['quant']} GGUF (as stored), int8 activations, f16 KV", lambda: llama_server(args, model, logs)),
             ("fastmode", fastmode_precision, lambda: fastmode_server(args, model, logs))]
-    for name, precision, make in plan:
-        if name in skip:
-            res["skipped"][name] = "--skip"
+    plan = [x for x in plan if x[0] not in skip]
+    res["skipped"].update({name: "--skip" for name in ("llama-server", "fastmode") if name in skip})
+    rounds: dict[str, list[dict]] = {name: [] for name, _, _ in plan}
+    for rnd in range(args.rounds):
+        for name, precision, make in plan if rnd % 2 == 0 else plan[::-1]:
+            if name in res["skipped"]:  # failed in an earlier round
+                continue
+            print(f"== {name}: {args.concurrency} clients, {args.num_requests} requests, round {rnd + 1} of "
+                  f"{args.rounds}", flush=True)
+            try:
+                rounds[name].append(scenario_peer(args, make(), work, rnd))
+            except Exception as e:  # noqa: BLE001 -- one server failing must not lose the other
+                res["skipped"][name] = f"failed in round {rnd + 1}: {type(e).__name__}: {e}"
+                print(f"{name}: FAILED: {e}", file=sys.stderr, flush=True)
+    for name, precision, _ in plan:
+        if name in res["skipped"] or not rounds[name]:
             continue
-        print(f"== {name}: {args.concurrency} clients, {args.num_requests} requests", flush=True)
-        try:
-            r = scenario_peer(args, make(), work)
-        except Exception as e:  # noqa: BLE001 -- one server failing must not lose the other
-            res["skipped"][name] = f"failed: {type(e).__name__}: {e}"
-            print(f"{name}: FAILED: {e}", file=sys.stderr, flush=True)
-            continue
-        r["precision"] = precision
-        res["peers"].append(r)
+        first = rounds[name][0]
+        res["peers"].append({"server": name, "precision": precision, "command": first["command"],
+                             "bench_command": first["bench_command"], "summary": combine_rounds(rounds[name]),
+                             "rounds": rounds[name]})
     if "fast-tier" in skip:
         res["skipped"]["fast-tier"] = "--skip"
     else:

@@ -1,20 +1,28 @@
 """Validate the simulator against the real engine on this machine. A script, not a test.
 
-    python benchmarks/sim_validation.py                     # calibrate, then validate (~5 min on 2 cores)
+    python benchmarks/sim_validation.py                     # calibrate, then validate (~8 min on 2 cores)
     python benchmarks/sim_validation.py --calibration ~/.cache/fastmode/calibration-local.json
     python benchmarks/sim_validation.py --quick             # small sweep and a short load (~2 min)
 
-1. Calibration: runs `fastmode calibrate`'s measurement and fit (or loads a file).
-2. Step times: measures decode steps at batches 1-64 at a context the calibration
-   did not use (256), and prefill chunks of a size it did not use (256), and sets the
-   calibrated cost model's prediction beside each. Target: |error| <= 10%.
+1. Measurement, in rounds around the load test (--rounds-before, --rounds-after):
+   each round is `fastmode calibrate`'s sweep (decode batches 1-64 at contexts
+   32, 128, 512; prefill chunks 32, 128, 512) plus held-out points it does not
+   fit (decode at context 256, prefill chunks of 256), interleaved, the batch
+   sizes taking turns. Each point keeps its median over all rounds.
+   Why rounds on both sides: this VM's speed drifts by 10-30% within minutes.
+   Calibrating first and validating later measures the drift between the two,
+   not the cost model; with the held-out points inside the same rounds, and the
+   rounds split before and after the load test, the calibration covers the same
+   span of time as what it is checked against.
+2. Step times: the cost model is fitted to the calibration points only (as
+   `fastmode calibrate` would) and its prediction set beside each held-out
+   point. Target: |error| <= 10%.
 3. Tiered load: one seeded workload (fast / standard / flex arrivals) is replayed on the
    real engine in wall-clock time and simulated with the same scheduler config and the
    calibrated cost model. Per-tier mean TTFT and TPOT are compared. Target: <= 15%.
    Also printed, as a diagnostic and not for the verdict: the simulation at the speed
-   the engine actually ran during the load (one scalar from its own steps). This VM's
-   speed drifts by 10-30% within a minute; that variant separates the drift from the
-   cost model's balance between decode and prefill steps and from the queueing.
+   the engine actually ran during the load (one scalar from its own steps), and each
+   round's speed relative to the merged points, which shows the drift.
    (Re-anchoring on calibration points re-measured just before the load was tried and
    dropped: the drift changes faster than the load test lasts.)
 
@@ -59,8 +67,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--fast-lane-max-batch", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="quick calibration sweep and a 25 s load")
-    p.add_argument("--skip-step-check", action="store_true", help="only the load test (with --calibration)")
+    p.add_argument("--rounds-before", type=int, default=2, help="measurement rounds before the load test (default 2)")
+    p.add_argument("--rounds-after", type=int, default=2, help="measurement rounds after the load test (default 2)")
+    p.add_argument("--quick", action="store_true", help="quick sweep, one round each side and a 25 s load")
+    p.add_argument("--skip-step-check", action="store_true",
+                   help="only the load test, no measurement rounds (needs --calibration)")
     p.add_argument("--out", default="runs/sim_validation.json")
     return p.parse_args(argv)
 
@@ -75,9 +86,39 @@ def err(pred: float, meas: float) -> float:
     return (pred - meas) / meas
 
 
-def calibrated_cost_model(args, loaded, log):
-    from fastmode.calibrate.calibration_file import write_calibration
+def sweep_config(args, contexts: tuple[int, ...], chunks: tuple[int, ...], rounds: int):
     from fastmode.calibrate.measure import SweepConfig
+
+    if args.quick:
+        return SweepConfig(batches=(1, 4, 16, 64), contexts=contexts, chunk_sizes=chunks, repeats=3, prefill_repeats=2,
+                           rounds=rounds, num_threads=args.threads, clock=args.clock)
+    # Four prefill passes per round, not calibrate's two: a prefill step lasts 0.1-2.5 s, so a round
+    # holds few of them, and in s9a one point moved by 20-40% between rounds.
+    return SweepConfig(batches=tuple(int(b) for b in args.check_batches.split(",")), contexts=contexts,
+                       chunk_sizes=chunks, prefill_repeats=4, rounds=rounds, num_threads=args.threads,
+                       clock=args.clock)
+
+
+def plan_points(args) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(contexts, chunk sizes) each round measures: the calibration's (unless a file gives the
+    calibration) and the held-out ones."""
+    cal_ctx, cal_chunks = ((), ()) if args.calibration else (((32, 512), (32, 512)) if args.quick else
+                                                             ((32, 128, 512), (32, 128, 512)))
+    if args.check_context in cal_ctx or args.check_chunk in cal_chunks:
+        raise SystemExit("--check-context / --check-chunk must differ from the calibration's contexts and chunks")
+    return tuple(sorted({*cal_ctx, args.check_context})), tuple(sorted({*cal_chunks, args.check_chunk}))
+
+
+def is_held_out(p, args) -> bool:
+    if p.kind == "prefill":
+        return p.prefill_tokens == args.check_chunk
+    # A decode point's context is the nominal one plus the few tokens its sweep decoded.
+    return args.check_context <= p.decode_context < args.check_context + 64
+
+
+def fit_cost_model(args, loaded, cal_points, log):
+    """The calibrated cost model: from --calibration, or fitted to this run's calibration points."""
+    from fastmode.calibrate.calibration_file import write_calibration
     from fastmode.calibrate.run import calibrate_loaded, engine_model_spec
     from fastmode.planner.catalog import load_hardware
     from fastmode.planner.cost_model import CostModel
@@ -90,31 +131,28 @@ def calibrated_cost_model(args, loaded, log):
                 f"validating {loaded.name} {fmt}")
         hw = load_hardware(cal["hardware"], calibration=args.calibration)
         return CostModel(hw, spec, tp=1, weight_format=fmt), {"file": args.calibration, **cal}
-    sweep = SweepConfig(num_threads=args.threads, clock=args.clock)
-    if args.quick:
-        sweep = SweepConfig(batches=(1, 4, 16, 64), contexts=(32, 512), chunk_sizes=(32, 512), repeats=3,
-                            prefill_repeats=2, num_threads=args.threads, clock=args.clock)
-    run = calibrate_loaded(loaded, sweep, progress=log)
+    sweep = sweep_config(args, (args.check_context,), (args.check_chunk,), 1)  # only its thread count is read
+    run = calibrate_loaded(loaded, sweep, points=cal_points, fitted_from=(
+        f"benchmarks/sim_validation.py: {loaded.name} {fmt}, {len(cal_points)} points, "
+        f"{args.rounds_before} + {args.rounds_after} rounds around a load test, {args.threads} threads, {args.clock} clock"))
     path = write_calibration(run.calibration, args.calibration_out)
     log(f"calibration written to {path}: fit max |error| {run.fit.max_abs_rel_error:.1%}")
     return run.cost_model, {"file": str(path), **run.calibration}
 
 
-def check_steps(args, loaded, cm, log) -> list[dict]:
-    from fastmode.calibrate.measure import SweepConfig, measure_decode, measure_prefill
-
-    batches = tuple(int(b) for b in args.check_batches.split(","))
-    sweep = SweepConfig(batches=batches, contexts=(args.check_context,), chunk_sizes=(args.check_chunk,),
-                        repeats=3 if args.quick else 5, prefill_repeats=2, num_threads=args.threads,
-                        clock=args.clock, seed=args.seed + 7, prefill_tokens_per_size=2 * args.check_chunk)
-    points = measure_decode(loaded, sweep, log) + measure_prefill(loaded, sweep, log)
+def check_steps(held_out, cm) -> list[dict]:
     rows = []
-    for p in points:
+    for p in held_out:
         pred = cm.step_cost(*p.cost_args()).total_s
         rows.append({"kind": p.kind, "batch": p.num_decodes, "context": round(p.decode_context or p.prefill_context),
                      "tokens": p.tokens, "measured_s": p.step_s, "predicted_s": pred, "error": err(pred, p.step_s),
                      "spread": p.spread})
     return rows
+
+
+def round_speeds(per_round, merged) -> list[float]:
+    """Each round's speed: the median over points of its step time / the merged median (1.10 = 10% slower)."""
+    return [statistics.median(p.step_s / m.step_s for p, m in zip(points, merged)) for points in per_round]
 
 
 def make_workload(args, cm, sched_cfg, usd, log):
@@ -183,14 +221,11 @@ def slowed(cm, factor: float):
     return dataclasses.replace(cm, hardware=cm.hardware.slowed(factor))
 
 
-def load_test(args, loaded, cm, log) -> dict:
-    """Replay a tiered load on the engine and simulate it with the calibrated cost model, and
-    again at the speed the engine actually ran during the load (one scalar from its own steps)."""
+def replay_load(args, loaded, cm, log):
+    """Replay a seeded tiered load on the engine (the rate chosen with the simulator and `cm`)."""
     from fastmode.calibrate.replay import replay
     from fastmode.engine.config import EngineConfig
     from fastmode.engine.llm_engine import LLMEngine
-    from fastmode.sim.report import summarize
-    from fastmode.sim.simulator import SimConfig, simulate
 
     fmt_dtype = "float32" if str(loaded.dtype).endswith("float32") else "bfloat16"
     # Speculation off: the simulator has no model of draft acceptance (docs/simulator.md).
@@ -201,44 +236,32 @@ def load_test(args, loaded, cm, log) -> dict:
     workload, rate = make_workload(args, cm, engine.scheduler_config, usd, log)
     log(f"replaying {len(workload)} requests on the real engine...")
     real = replay(engine, workload, seed=args.seed, clock=args.clock)
-    sim = simulate(workload, cm, SimConfig(engine.scheduler_config, usd))
+    return {"workload": workload, "rate": rate, "real": real, "sched": engine.scheduler_config, "usd": usd}
+
+
+def compare_load(load: dict, cm) -> dict:
+    """Simulate the replayed workload with `cm`, and again at the speed the engine actually ran
+    during the load (one scalar from its own steps)."""
+    from fastmode.sim.report import summarize
+    from fastmode.sim.simulator import SimConfig, simulate
+
+    workload, real, sched, usd = load["workload"], load["real"], load["sched"], load["usd"]
+    sim = simulate(workload, cm, SimConfig(sched, usd))
     real_t = summarize(real.requests)
     in_situ = step_errors_in_situ(real, cm)
     measured = sum(g["measured_mean_s"] * g["num_steps"] for g in in_situ.values())
     predicted = sum(g["predicted_mean_s"] * g["num_steps"] for g in in_situ.values())
     during = measured / predicted if predicted > 0 else 1.0
     tiers = tier_errors(real_t, summarize(sim.requests))
-    at_speed = simulate(workload, slowed(cm, during), SimConfig(engine.scheduler_config, usd))
-    return {"rate_per_s": rate, "num_requests": len(workload), "tiers": tiers,
+    at_speed = simulate(workload, slowed(cm, during), SimConfig(sched, usd))
+    return {"rate_per_s": load["rate"], "num_requests": len(workload), "tiers": tiers,
             "at_in_situ_speed": {"factor": during, "tiers": tier_errors(real_t, summarize(at_speed.requests))},
             "steps_in_situ": in_situ,
             "real": {"makespan_s": real.makespan_s, "busy_s": real.busy_s, "num_steps": real.num_steps,
                      "mean_step_s": statistics.fmean(s[1] for s in real.steps), "mean_lateness_s": real.mean_lateness_s},
             "sim": {"makespan_s": sim.makespan_s, "busy_s": sim.busy_s, "num_steps": sim.num_steps,
                     "mean_step_s": sim.busy_s / sim.num_steps, "num_preemptions": sim.num_preemptions},
-            "scheduler": dict(engine.scheduler_config.__dict__)}
-
-
-def repeatability(args, loaded, cal_points: list[dict], log) -> list[dict]:
-    """Re-measure three calibration points at the end: how far the machine itself drifted.
-
-    On a shared VM the same step can take 20-40% longer minutes later (another tenant on the
-    sibling hyperthread, frequency changes); errors below this floor cannot be told from noise.
-    """
-    from fastmode.calibrate.measure import SweepConfig, measure_decode
-
-    ref = {p["num_decodes"]: p for p in cal_points if p["kind"] == "decode" and round(p["decode_context"]) < 200}
-    batches = tuple(b for b in (1, 4, 16) if b in ref)
-    if not batches:
-        return []
-    sweep = SweepConfig(batches=batches, contexts=(128,), chunk_sizes=(), repeats=5, num_threads=args.threads,
-                        clock=args.clock, seed=args.seed + 11)
-    rows = []
-    for p in measure_decode(loaded, sweep, log):
-        r = ref[p.num_decodes]
-        rows.append({"batch": p.num_decodes, "calibration_s": r["step_s"], "repeat_s": p.step_s,
-                     "drift": err(p.step_s, r["step_s"])})
-    return rows
+            "scheduler": dict(sched.__dict__)}
 
 
 def print_report(rep: dict) -> None:
@@ -272,9 +295,10 @@ def print_report(rep: dict) -> None:
     for kind, r in L["steps_in_situ"].items():
         print(f"    {kind:<16}{r['num_steps']:>5} steps  measured {r['measured_mean_s'] * 1e3:7.1f} ms  "
               f"predicted {r['predicted_mean_s'] * 1e3:7.1f} ms  {r['error']:+.1%}")
-    if rep.get("repeatability"):
-        print("  noise floor: calibration points re-measured after the load test: "
-              + ", ".join(f"batch {r['batch']} {r['drift']:+.0%}" for r in rep["repeatability"]))
+    speeds = rep["round_speeds"]
+    nb = rep["rounds"]["before"]
+    print("  drift: each round's step times over the merged medians (median over points): "
+          + " ".join(f"{x:.3f}" for x in speeds[:nb]) + " | load | " + " ".join(f"{x:.3f}" for x in speeds[nb:]))
     v = rep["verdict"]
     print(f"\nstep max |error| {v['step_max_abs_error']:.1%} ({'PASS' if v['steps_pass'] else 'FAIL'}), "
           f"tier max |error| {v['tier_max_abs_error']:.1%} ({'PASS' if v['tiers_pass'] else 'FAIL'}); "
@@ -285,10 +309,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.quick:
         args.duration_s = min(args.duration_s, 25.0)
+        args.rounds_before, args.rounds_after = min(args.rounds_before, 1), min(args.rounds_after, 1)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.perf_counter()
     import torch
 
+    from fastmode.calibrate.run import measure_rounds, merge_rounds
     from fastmode.loader import load_model
 
     if args.threads:
@@ -297,11 +323,27 @@ def main(argv=None) -> int:
     loaded = load_model(args.model, args.dtype)
     rep["model"] = loaded.name
     log(f"loaded {loaded.name} in {time.perf_counter() - t0:.0f} s")
-    cm, rep["calibration"] = calibrated_cost_model(args, loaded, log)
-    cal_points = rep["calibration"].pop("points", [])
-    rep["steps"] = [] if args.skip_step_check else check_steps(args, loaded, cm, log)
-    rep["load"] = load_test(args, loaded, cm, log)
-    rep["repeatability"] = repeatability(args, loaded, cal_points, log)
+    if args.skip_step_check:
+        if not args.calibration:
+            raise SystemExit("--skip-step-check needs --calibration (the rounds are what calibrates)")
+        args.rounds_before = args.rounds_after = 0
+    if args.rounds_before + args.rounds_after < 1 and not args.skip_step_check:
+        raise SystemExit("--rounds-before + --rounds-after must be >= 1")
+    contexts, chunks = plan_points(args)
+    measure = lambda n: measure_rounds(loaded, sweep_config(args, contexts, chunks, n), log) if n else []  # noqa: E731
+    before = measure(args.rounds_before)
+    merged = merge_rounds(before)
+    cm_before, _ = fit_cost_model(args, loaded, [p for p in merged if not is_held_out(p, args)], log)
+    load = replay_load(args, loaded, cm_before, log)
+    after = measure(args.rounds_after)
+    merged = merge_rounds(before + after)
+    rep["rounds"] = {"before": len(before), "after": len(after)}
+    rep["round_speeds"] = round_speeds(before + after, merged)
+    rep["points_by_round"] = [[p.to_json() for p in points] for points in before + after]
+    cm, rep["calibration"] = fit_cost_model(args, loaded, [p for p in merged if not is_held_out(p, args)], log)
+    rep["calibration"].pop("points", None)
+    rep["steps"] = [] if args.skip_step_check else check_steps([p for p in merged if is_held_out(p, args)], cm)
+    rep["load"] = compare_load(load, cm)
     rep["machine"]["load_avg_end"] = os.getloadavg()
     step_err = max((abs(r["error"]) for r in rep["steps"]), default=float("nan"))
     tier_err = max(max(abs(r["ttft_error"]), abs(r["tpot_error"])) for r in rep["load"]["tiers"].values())

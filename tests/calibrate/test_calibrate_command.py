@@ -81,3 +81,33 @@ def test_cpu_clock_needs_one_thread_and_skips_idle_time(tiny_llama_dir):
     assert sorted(result.request_ids) == ["a", "b"]
     assert 500.0 < result.makespan_s < 510.0
     assert all(0 < m.ttft_s < 5.0 for m in result.requests)
+
+
+def test_decode_sweep_rotates_batches_and_rounds_merge_by_median(tiny_llama_dir):
+    """Every batch size is measured in every round (the engine really ran B sequences: the sweep
+    raises otherwise), rounds keep each point's median, and points line up across rounds."""
+    import dataclasses
+
+    from fastmode.calibrate.measure import SweepConfig
+    from fastmode.calibrate.points import StepPoint
+    from fastmode.calibrate.run import measure_interleaved, merge_rounds
+    from fastmode.loader import load_model
+
+    loaded = load_model(str(tiny_llama_dir), "float32")
+    sweep = SweepConfig(batches=(1, 3, 8), contexts=(16,), chunk_sizes=(8,), prefill_tokens_per_size=16, repeats=3,
+                        warmup=1, prefill_repeats=1, rounds=2, num_threads=1)
+    points = measure_interleaved(loaded, sweep)
+    decodes = [p for p in points if p.kind == "decode"]
+    assert [p.num_decodes for p in decodes] == [8, 3, 1]
+    assert all(p.num_samples == 3 * 2 for p in decodes)  # repeats x rounds
+    # One round of warmup and three timed ones, one step per batch size each: contexts grow by a few tokens.
+    assert all(16 <= p.decode_context <= 16 + 4 * 3 for p in decodes)
+    assert [p.prefill_context for p in points if p.kind == "prefill"] == [0, 8]
+
+    a = StepPoint("decode", 0.010, num_decodes=4, decode_context=100.0, num_samples=5, spread=0.1)
+    rounds = [[dataclasses.replace(a, step_s=t, decode_context=c)] for t, c in ((0.010, 100), (0.030, 102), (0.012, 104))]
+    (m,) = merge_rounds(rounds)
+    assert m.step_s == 0.012 and m.decode_context == 102.0 and m.num_samples == 15
+    assert m.spread == pytest.approx((0.030 - 0.010) / 0.012)
+    with pytest.raises(ValueError, match="different points"):
+        merge_rounds([[a], [dataclasses.replace(a, num_decodes=8)]])

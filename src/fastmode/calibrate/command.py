@@ -33,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--contexts", type=_ints, default=(32, 128, 512), help="decode context lengths (tokens)")
     p.add_argument("--chunks", type=_ints, default=(32, 128, 512), help="prefill chunk sizes (tokens)")
     p.add_argument("--repeats", type=int, default=5, help="timed steps per point (median kept)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="passes over the whole sweep, each point's median kept over them: on a shared machine "
+                        "whose speed drifts, 2-4 spread a slow spell over every point (default 1)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                    help="time steps by wall clock, or by process CPU time (needs --threads 1; for shared machines)")
@@ -55,9 +58,10 @@ def sweep_from_args(args: argparse.Namespace):
 
     if args.quick:
         return SweepConfig(batches=(1, 2, 4), contexts=(16, 32), chunk_sizes=(8, 32), prefill_tokens_per_size=64,
-                           repeats=2, warmup=1, prefill_repeats=1, num_threads=args.threads, clock=args.clock)
+                           repeats=2, warmup=1, prefill_repeats=1, rounds=args.rounds, num_threads=args.threads,
+                           clock=args.clock)
     return SweepConfig(batches=args.batches, contexts=args.contexts, chunk_sizes=args.chunks, repeats=args.repeats,
-                       num_threads=args.threads, clock=args.clock)
+                       rounds=args.rounds, num_threads=args.threads, clock=args.clock)
 
 
 def calibrate(args: argparse.Namespace, progress=lambda s: None) -> dict[str, Any]:

@@ -4,14 +4,19 @@ Everything goes through `LLMEngine.step()`, so a measured step includes what a
 user waits for: scheduling, the model forward, sampling, detokenisation and
 bookkeeping, not only the matmuls.
 
-Decode sweep, per context c: admit max(batches) requests of c prompt tokens,
-prefill them, then for each batch size from the largest down abort requests
-until B remain and time `repeats` steps (after `warmup`). One prefill per
-context serves every batch size, and the prompts share all but their last
-block: the prefix cache computes the shared part once, so 64 x 512 tokens cost
-one 512-token prefill plus 64 short ones (minutes saved on a 2-core machine).
-Each sequence still has its own block table and the attention reads all of its
-context, so a decode step does the same work as with distinct prompts.
+Decode sweep, per context c: admit max(batches) requests of c prompt tokens and
+prefill them; then, round after round, take one step at each batch size B, the
+scheduler's sequence cap set to B (the other sequences stay resident, paused,
+and the least recently served go first, so every sequence's context grows
+alike). `warmup` rounds go untimed, then `repeats` timed rounds, each starting
+at the next batch size: the batch sizes take turns, so a slow spell of a shared
+machine lands on all of them instead of on whichever was being measured. One
+prefill per context serves every batch size, and the prompts share all but
+their last block: the prefix cache computes the shared part once, so 64 x 512
+tokens cost one 512-token prefill plus 64 short ones (minutes saved on a 2-core
+machine). Each sequence still has its own block table and the attention reads
+all of its context, so a decode step does the same work as with distinct
+prompts.
 Prefill sweep, per chunk size n: one request of k*n tokens with
 `max_num_batched_tokens = n`, so it is prefilled in k steps of n tokens at
 contexts 0, n, 2n, ...; repeated, medians kept.
@@ -19,6 +24,7 @@ contexts 0, n, 2n, ...; repeated, medians kept.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 import time
@@ -47,7 +53,8 @@ class SweepConfig:
     chunk_sizes: tuple[int, ...] = (32, 128, 512)
     prefill_tokens_per_size: int = 512  # prompt length cap per chunk size (k = this // n, 1..4)
     repeats: int = 5  # timed steps per point; the median is kept
-    warmup: int = 1  # untimed steps before each point
+    warmup: int = 1  # untimed decode rounds (one step per batch size) before the timed ones
+    rounds: int = 1  # passes over every context and chunk size (run.measure_interleaved); medians merged
     prefill_repeats: int = 2
     max_prefill_tokens_per_step: int = 8192  # admits a decode sweep's prompts in few steps
     num_threads: int | None = None  # torch threads (None = the engine's default)
@@ -59,8 +66,8 @@ class SweepConfig:
             raise ValueError("batches and contexts must be non-empty and >= 1")
         if self.chunk_sizes and min(self.chunk_sizes) < 2:
             raise ValueError("prefill chunk sizes must be >= 2 tokens (one token is a decode)")
-        if self.repeats < 1 or self.warmup < 0 or self.prefill_repeats < 1:
-            raise ValueError("repeats >= 1, warmup >= 0, prefill_repeats >= 1")
+        if self.repeats < 1 or self.warmup < 0 or self.prefill_repeats < 1 or self.rounds < 1:
+            raise ValueError("repeats >= 1, warmup >= 0, prefill_repeats >= 1, rounds >= 1")
         if self.clock not in CLOCKS:
             raise ValueError(f"clock must be one of {sorted(CLOCKS)}")
         if self.clock == "cpu" and self.num_threads != 1:
@@ -112,20 +119,28 @@ def measure_decode(loaded: LoadedModel, sweep: SweepConfig, progress: Progress =
                     engine.step()
         while sched.waiting or any(s.is_prefilling for s in sched.running):
             engine.step()
-        for b in sorted(sweep.batches, reverse=True):
-            for seq in list(sched.running)[b:]:  # the oldest b stay
-                engine.abort(seq.request_id)
-            for _ in range(sweep.warmup):
-                engine.step()
-            times, contexts = [], []
-            for _ in range(sweep.repeats):
-                contexts.append(statistics.fmean(s.num_computed_tokens for s in sched.running))
+        batches = sorted(sweep.batches, reverse=True)
+        times: dict[int, list[float]] = {b: [] for b in batches}
+        contexts: dict[int, list[float]] = {b: [] for b in batches}
+        full = sched.config
+        for rnd in range(sweep.warmup + sweep.repeats):
+            for i in range(len(batches)):
+                b = batches[(rnd + i) % len(batches)]
+                sched.config = dataclasses.replace(full, max_num_seqs=b)  # the rest stay resident, paused
+                ctx_now = statistics.fmean(s.num_computed_tokens for s in sched.running)
                 t0 = clock()
-                engine.step()
-                times.append(clock() - t0)
-            med, spread = _median_point(times)
-            points.append(StepPoint("decode", med, num_decodes=b, decode_context=statistics.fmean(contexts),
-                                    num_samples=len(times), spread=spread))
+                out = engine.step()
+                dt = clock() - t0
+                if len(out) != b:
+                    raise RuntimeError(f"decode sweep: a step at batch {b} produced {len(out)} tokens")
+                if rnd >= sweep.warmup:
+                    times[b].append(dt)
+                    contexts[b].append(ctx_now)
+        sched.config = full
+        for b in batches:
+            med, spread = _median_point(times[b])
+            points.append(StepPoint("decode", med, num_decodes=b, decode_context=statistics.fmean(contexts[b]),
+                                    num_samples=len(times[b]), spread=spread))
             progress(f"decode batch {b:>3} context {ctx:>5}: {med * 1e3:8.2f} ms (spread {spread:.0%})")
         del engine
     return points

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,19 +38,50 @@ def engine_model_spec(loaded: LoadedModel) -> tuple[ModelSpec, str]:
 
 
 def measure_interleaved(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[StepPoint]:
-    """The decode sweep one context at a time, each followed by the prefill sweep of one chunk size.
+    """The decode sweep one context at a time, each followed by the prefill sweep of one chunk size;
+    all of it `sweep.rounds` times, each point's median kept over the rounds.
 
     A shared machine's speed drifts by 10-30% within minutes; measuring every decode point first
     and every prefill point after would let that drift skew the fit's balance between the two
-    (what a mixed workload's TTFT depends on). Interleaved, a slow spell hits both kinds."""
-    points: list[StepPoint] = []
+    (what a mixed workload's TTFT depends on). Interleaved, a slow spell hits both kinds, and over
+    several rounds it hits every point."""
+    return merge_rounds(measure_rounds(loaded, sweep, progress))
+
+
+def measure_rounds(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[list[StepPoint]]:
+    """Each round's points, unmerged (measure_interleaved's rounds; the same points in the same order)."""
+    per_round: list[list[StepPoint]] = []
     ctxs, chunks = sorted(sweep.contexts), sorted(sweep.chunk_sizes)
-    for i in range(max(len(ctxs), len(chunks))):
-        if i < len(ctxs):
-            points += measure_decode(loaded, dataclasses.replace(sweep, contexts=(ctxs[i],)), progress)
-        if i < len(chunks):
-            points += measure_prefill(loaded, dataclasses.replace(sweep, chunk_sizes=(chunks[i],)), progress)
-    return points
+    for rnd in range(sweep.rounds):
+        if sweep.rounds > 1:
+            progress(f"round {rnd + 1} of {sweep.rounds}")
+        points: list[StepPoint] = []
+        for i in range(max(len(ctxs), len(chunks))):
+            if i < len(ctxs):
+                points += measure_decode(loaded, dataclasses.replace(sweep, contexts=(ctxs[i],)), progress)
+            if i < len(chunks):
+                points += measure_prefill(loaded, dataclasses.replace(sweep, chunk_sizes=(chunks[i],)), progress)
+        per_round.append(points)
+    return per_round
+
+
+def merge_rounds(per_round: list[list[StepPoint]]) -> list[StepPoint]:
+    """One point per measured point: the median of its rounds' step times, their mean context and
+    sample count summed; spread becomes the rounds' own (max - min) / median where it is larger."""
+    if len(per_round) == 1:
+        return per_round[0]
+    merged = []
+    for same in zip(*per_round, strict=True):  # every round measures the same points in the same order
+        key = {(p.kind, p.num_decodes, p.prefill_tokens, p.prefill_context) for p in same}
+        if len(key) != 1:
+            raise ValueError(f"rounds measured different points: {sorted(key)}")
+        step_s = statistics.median(p.step_s for p in same)
+        between = (max(p.step_s for p in same) - min(p.step_s for p in same)) / step_s
+        merged.append(dataclasses.replace(same[0], step_s=step_s,
+                                          decode_context=statistics.fmean(p.decode_context for p in same),
+                                          num_samples=sum(p.num_samples for p in same),
+                                          spread=max(between, max(p.spread for p in same))))
+    return merged
 
 
 def calibrate_loaded(loaded: LoadedModel, sweep: SweepConfig, hardware: str = "local",
@@ -65,7 +97,8 @@ def calibrate_loaded(loaded: LoadedModel, sweep: SweepConfig, hardware: str = "l
         points = measure_interleaved(loaded, sweep, progress)
         fitted_from = (f"fastmode calibrate: {loaded.name} {fmt}, batches {min(sweep.batches)}-{max(sweep.batches)}, "
                        f"contexts {','.join(map(str, sweep.contexts))}, chunks {','.join(map(str, sweep.chunk_sizes))}, "
-                       f"{torch.get_num_threads()} threads, {sweep.clock} clock")
+                       f"{torch.get_num_threads()} threads, {sweep.clock} clock"
+                       + (f", {sweep.rounds} rounds" if sweep.rounds > 1 else ""))
     base = load_hardware(hardware)
     from fastmode.engine.llm_engine import resolve_kv_dtype
 
