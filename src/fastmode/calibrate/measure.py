@@ -4,22 +4,25 @@ Everything goes through `LLMEngine.step()`, so a measured step includes what a
 user waits for: scheduling, the model forward, sampling, detokenisation and
 bookkeeping, not only the matmuls.
 
-Decode sweep, per context c: admit max(batches) requests of c prompt tokens and
-prefill them; then, round after round, take one step at each batch size B, the
-scheduler's sequence cap set to B (the other sequences stay resident, paused,
-and the least recently served go first, so every sequence's context grows
-alike). `warmup` rounds go untimed, then `repeats` timed rounds, each starting
-at the next batch size: the batch sizes take turns, so a slow spell of a shared
-machine lands on all of them instead of on whichever was being measured. One
-prefill per context serves every batch size, and the prompts share all but
-their last block: the prefix cache computes the shared part once, so 64 x 512
-tokens cost one 512-token prefill plus 64 short ones (minutes saved on a 2-core
-machine). Each sequence still has its own block table and the attention reads
-all of its context, so a decode step does the same work as with distinct
-prompts.
-Prefill sweep, per chunk size n: one request of k*n tokens with
-`max_num_batched_tokens = n`, so it is prefilled in k steps of n tokens at
-contexts 0, n, 2n, ...; repeated, medians kept.
+Setup, per decode context c: an engine with max(batches) requests of c prompt
+tokens, prefilled. The prompts share all but their last block: the prefix
+cache computes the shared part once, so 64 x 512 tokens cost one 512-token
+prefill plus 64 short ones (minutes saved on a 2-core machine). Each sequence
+still has its own block table and the attention reads all of its context, so a
+decode step does the same work as with distinct prompts. Per prefill chunk size
+n: an engine with `max_num_batched_tokens = n`, to which each pass gives one
+request of k*n tokens, prefilled in k steps of n tokens at contexts 0, n, 2n...
+
+Then the sweep alternates a decode round and a prefill pass. A decode round
+takes one step at every (context, batch) pair, starting one pair further each
+round; a step at batch B runs with the scheduler's sequence cap set to B (the
+other sequences stay resident, paused, and the least recently served go first,
+so every sequence's context grows alike). A prefill pass prefills one prompt
+per chunk size, in rotating order. `warmup` decode rounds and the first prefill
+pass are untimed; medians are kept. Everything a sweep measures is thus spread
+over the same minutes: on a shared machine whose speed drifts by 10-30% within
+a minute, measuring one point after another would turn that drift into
+differences between the points.
 """
 
 from __future__ import annotations
@@ -94,80 +97,117 @@ def _prompt(rng: random.Random, vocab: int, n: int) -> list[int]:
     return [rng.randrange(vocab) for _ in range(n)]
 
 
-def measure_decode(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[StepPoint]:
-    rng = random.Random(sweep.seed)
-    vocab = loaded.config.vocab_size
-    bmax = max(sweep.batches)
-    steps_needed = (sweep.warmup + sweep.repeats) * len(sweep.batches)
-    clock = CLOCKS[sweep.clock]
-    points = []
-    for ctx in sorted(sweep.contexts):
+class _DecodeGrid:
+    """One engine per decode context, prefilled; `round()` steps every (context, batch) pair once."""
+
+    def __init__(self, loaded: LoadedModel, sweep: SweepConfig, progress: Progress):
+        self.sweep, self.clock = sweep, CLOCKS[sweep.clock]
+        rng = random.Random(sweep.seed)
+        vocab, bmax = loaded.config.vocab_size, max(sweep.batches)
+        steps_needed = (sweep.warmup + sweep.repeats) * len(sweep.batches)  # at most, per sequence
         max_len = loaded.config.max_position_embeddings
-        if ctx + steps_needed + 2 > max_len:
-            raise ValueError(f"context {ctx} + {steps_needed} decode steps exceeds the model's {max_len} positions")
-        budget = max(ctx, min(bmax * ctx, sweep.max_prefill_tokens_per_step))
-        engine = _engine(loaded, sweep, bmax, budget, bmax * (ctx + steps_needed + 64), prefix_caching=True)
-        params = SamplingParams(temperature=0.0, max_tokens=steps_needed + 32, ignore_eos=True)
-        sched = engine.scheduler
-        tail = min(engine.scheduler_config.block_size, max(1, ctx // 2))  # private tokens per prompt
-        shared = _prompt(rng, vocab, ctx - tail)
-        progress(f"decode sweep: prefilling {bmax} x {ctx} tokens ({ctx - tail} shared)")
-        for i in range(bmax):
-            engine.add_request(shared + _prompt(rng, vocab, tail), params)
-            if i == 0:  # the first prompt's blocks enter the prefix cache once it is computed
-                while sched.waiting or any(s.is_prefilling for s in sched.running):
-                    engine.step()
-        while sched.waiting or any(s.is_prefilling for s in sched.running):
-            engine.step()
-        batches = sorted(sweep.batches, reverse=True)
-        times: dict[int, list[float]] = {b: [] for b in batches}
-        contexts: dict[int, list[float]] = {b: [] for b in batches}
-        full = sched.config
-        for rnd in range(sweep.warmup + sweep.repeats):
-            for i in range(len(batches)):
-                b = batches[(rnd + i) % len(batches)]
-                sched.config = dataclasses.replace(full, max_num_seqs=b)  # the rest stay resident, paused
+        self.engines: dict[int, LLMEngine] = {}
+        for ctx in sorted(sweep.contexts):
+            if ctx + steps_needed + 2 > max_len:
+                raise ValueError(f"context {ctx} + {steps_needed} decode steps exceeds the model's {max_len} positions")
+            budget = max(ctx, min(bmax * ctx, sweep.max_prefill_tokens_per_step))
+            engine = _engine(loaded, sweep, bmax, budget, bmax * (ctx + steps_needed + 64), prefix_caching=True)
+            params = SamplingParams(temperature=0.0, max_tokens=steps_needed + 32, ignore_eos=True)
+            sched = engine.scheduler
+            tail = min(engine.scheduler_config.block_size, max(1, ctx // 2))  # private tokens per prompt
+            shared = _prompt(rng, vocab, ctx - tail)
+            progress(f"decode sweep: prefilling {bmax} x {ctx} tokens ({ctx - tail} shared)")
+            for i in range(bmax):
+                engine.add_request(shared + _prompt(rng, vocab, tail), params)
+                if i == 0:  # the first prompt's blocks enter the prefix cache once it is computed
+                    while sched.waiting or any(s.is_prefilling for s in sched.running):
+                        engine.step()
+            while sched.waiting or any(s.is_prefilling for s in sched.running):
+                engine.step()
+            self.engines[ctx] = engine
+        self.pairs = [(c, b) for c in sorted(sweep.contexts) for b in sorted(sweep.batches, reverse=True)]
+        self.times: dict[tuple[int, int], list[float]] = {p: [] for p in self.pairs}
+        self.contexts: dict[tuple[int, int], list[float]] = {p: [] for p in self.pairs}
+
+    def round(self, rnd: int) -> None:
+        timed = rnd >= self.sweep.warmup
+        for i in range(len(self.pairs)):
+            ctx, b = pair = self.pairs[(rnd + i) % len(self.pairs)]
+            engine = self.engines[ctx]
+            sched = engine.scheduler
+            full = sched.config
+            sched.config = dataclasses.replace(full, max_num_seqs=b)  # the rest stay resident, paused
+            try:
                 ctx_now = statistics.fmean(s.num_computed_tokens for s in sched.running)
-                t0 = clock()
+                t0 = self.clock()
                 out = engine.step()
-                dt = clock() - t0
-                if len(out) != b:
-                    raise RuntimeError(f"decode sweep: a step at batch {b} produced {len(out)} tokens")
-                if rnd >= sweep.warmup:
-                    times[b].append(dt)
-                    contexts[b].append(ctx_now)
-        sched.config = full
-        for b in batches:
-            med, spread = _median_point(times[b])
-            points.append(StepPoint("decode", med, num_decodes=b, decode_context=statistics.fmean(contexts[b]),
-                                    num_samples=len(times[b]), spread=spread))
+                dt = self.clock() - t0
+            finally:
+                sched.config = full
+            if len(out) != b:
+                raise RuntimeError(f"decode sweep: a step at batch {b} produced {len(out)} tokens")
+            if timed:
+                self.times[pair].append(dt)
+                self.contexts[pair].append(ctx_now)
+
+    def points(self, progress: Progress) -> list[StepPoint]:
+        points = []
+        for ctx, b in self.pairs:
+            med, spread = _median_point(self.times[ctx, b])
+            points.append(StepPoint("decode", med, num_decodes=b, decode_context=statistics.fmean(self.contexts[ctx, b]),
+                                    num_samples=len(self.times[ctx, b]), spread=spread))
             progress(f"decode batch {b:>3} context {ctx:>5}: {med * 1e3:8.2f} ms (spread {spread:.0%})")
-        del engine
-    return points
+        return points
 
 
-def measure_prefill(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[StepPoint]:
-    rng = random.Random(sweep.seed + 1)
-    vocab = loaded.config.vocab_size
-    clock = CLOCKS[sweep.clock]
-    points = []
-    for n in sorted(sweep.chunk_sizes):
-        k = max(1, min(4, sweep.prefill_tokens_per_size // n))
-        engine = _engine(loaded, sweep, 1, n, n * k + 64)
-        params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-        by_ctx: dict[int, list[float]] = {}
-        for rep in range(sweep.prefill_repeats + 1):  # the first pass warms up and is dropped
-            engine.add_request(_prompt(rng, vocab, n * k), params)
+class _PrefillSweep:
+    """One engine per chunk size; `pass_()` prefills one prompt per chunk size, timing each step."""
+
+    def __init__(self, loaded: LoadedModel, sweep: SweepConfig):
+        self.clock = CLOCKS[sweep.clock]
+        self.rng = random.Random(sweep.seed + 1)
+        self.vocab = loaded.config.vocab_size
+        self.sizes = sorted(sweep.chunk_sizes)
+        self.k = {n: max(1, min(4, sweep.prefill_tokens_per_size // n)) for n in self.sizes}
+        self.engines = {n: _engine(loaded, sweep, 1, n, n * self.k[n] + 64) for n in self.sizes}
+        self.by_ctx: dict[int, dict[int, list[float]]] = {n: {} for n in self.sizes}
+        self.params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+
+    def pass_(self, rep: int) -> None:
+        """The first pass (rep 0) warms up and is not timed."""
+        for i in range(len(self.sizes)):
+            n = self.sizes[(rep + i) % len(self.sizes)]
+            engine = self.engines[n]
+            engine.add_request(_prompt(self.rng, self.vocab, n * self.k[n]), self.params)
             while engine.has_unfinished():
                 ctx = engine.scheduler.running[0].num_computed_tokens if engine.scheduler.running else 0
-                t0 = clock()
+                t0 = self.clock()
                 engine.step()
                 if rep:
-                    by_ctx.setdefault(ctx, []).append(clock() - t0)
-        for ctx, times in sorted(by_ctx.items()):
-            med, spread = _median_point(times)
-            points.append(StepPoint("prefill", med, prefill_tokens=n, prefill_context=ctx,
-                                    num_samples=len(times), spread=spread))
-            progress(f"prefill chunk {n:>4} after {ctx:>5}: {med * 1e3:8.2f} ms (spread {spread:.0%})")
-        del engine
+                    self.by_ctx[n].setdefault(ctx, []).append(self.clock() - t0)
+
+    def points(self, progress: Progress) -> list[StepPoint]:
+        points = []
+        for n in self.sizes:
+            for ctx, times in sorted(self.by_ctx[n].items()):
+                med, spread = _median_point(times)
+                points.append(StepPoint("prefill", med, prefill_tokens=n, prefill_context=ctx,
+                                        num_samples=len(times), spread=spread))
+                progress(f"prefill chunk {n:>4} after {ctx:>5}: {med * 1e3:8.2f} ms (spread {spread:.0%})")
+        return points
+
+
+def measure_sweep(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[StepPoint]:
+    """Every decode point (contexts x batches), then every prefill point (chunk sizes x contexts),
+    measured interleaved as the module docstring describes."""
+    grid = _DecodeGrid(loaded, sweep, progress)
+    prefill = _PrefillSweep(loaded, sweep) if sweep.chunk_sizes else None
+    decode_rounds, prefill_passes = sweep.warmup + sweep.repeats, sweep.prefill_repeats + 1 if prefill else 0
+    for r in range(max(decode_rounds, prefill_passes)):
+        if r < decode_rounds:
+            grid.round(r)
+        if r < prefill_passes:
+            prefill.pass_(r)
+    points = grid.points(progress) + (prefill.points(progress) if prefill else [])
+    del grid, prefill
     return points

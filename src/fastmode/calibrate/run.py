@@ -9,7 +9,7 @@ from typing import Any
 
 from fastmode.calibrate.calibration_file import calibration_dict
 from fastmode.calibrate.fit import FitResult, fit_step_times
-from fastmode.calibrate.measure import Progress, SweepConfig, measure_decode, measure_prefill
+from fastmode.calibrate.measure import Progress, SweepConfig, measure_sweep
 from fastmode.calibrate.points import StepPoint
 from fastmode.loader import LoadedModel
 from fastmode.planner.catalog import load_hardware
@@ -38,30 +38,18 @@ def engine_model_spec(loaded: LoadedModel) -> tuple[ModelSpec, str]:
 
 
 def measure_interleaved(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[StepPoint]:
-    """The decode sweep one context at a time, each followed by the prefill sweep of one chunk size;
-    all of it `sweep.rounds` times, each point's median kept over the rounds.
-
-    A shared machine's speed drifts by 10-30% within minutes; measuring every decode point first
-    and every prefill point after would let that drift skew the fit's balance between the two
-    (what a mixed workload's TTFT depends on). Interleaved, a slow spell hits both kinds, and over
-    several rounds it hits every point."""
+    """The whole sweep (decode and prefill points interleaved: measure.measure_sweep), `sweep.rounds`
+    times, each point's median kept over the rounds."""
     return merge_rounds(measure_rounds(loaded, sweep, progress))
 
 
 def measure_rounds(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[list[StepPoint]]:
-    """Each round's points, unmerged (measure_interleaved's rounds; the same points in the same order)."""
+    """Each round's points, unmerged (the same points in the same order every round)."""
     per_round: list[list[StepPoint]] = []
-    ctxs, chunks = sorted(sweep.contexts), sorted(sweep.chunk_sizes)
     for rnd in range(sweep.rounds):
         if sweep.rounds > 1:
             progress(f"round {rnd + 1} of {sweep.rounds}")
-        points: list[StepPoint] = []
-        for i in range(max(len(ctxs), len(chunks))):
-            if i < len(ctxs):
-                points += measure_decode(loaded, dataclasses.replace(sweep, contexts=(ctxs[i],)), progress)
-            if i < len(chunks):
-                points += measure_prefill(loaded, dataclasses.replace(sweep, chunk_sizes=(chunks[i],)), progress)
-        per_round.append(points)
+        per_round.append(measure_sweep(loaded, sweep, progress))
     return per_round
 
 
