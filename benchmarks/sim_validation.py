@@ -1,6 +1,6 @@
 """Validate the simulator against the real engine on this machine. A script, not a test.
 
-    python benchmarks/sim_validation.py                     # calibrate, then validate (~8 min on 2 cores)
+    python benchmarks/sim_validation.py                     # calibrate, then validate (~10 min on 2 cores)
     python benchmarks/sim_validation.py --calibration ~/.cache/fastmode/calibration-local.json
     python benchmarks/sim_validation.py --quick             # small sweep and a short load (~2 min)
 
@@ -57,7 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--check-context", type=int, default=256)
     p.add_argument("--check-batches", default="1,2,4,8,16,32,64")
     p.add_argument("--check-chunk", type=int, default=256)
-    p.add_argument("--duration-s", type=float, default=90.0, help="seconds of arrivals in the load test")
+    p.add_argument("--duration-s", type=float, default=180.0,
+                   help="seconds of arrivals in the load test (default 180: ~60 flex requests, whose mean TTFT is the noisiest figure)")
     p.add_argument("--rate", type=float, default=None, help="requests/s (default: chosen for --concurrency)")
     p.add_argument("--concurrency", type=float, default=3.0,
                    help="mean requests in the system the default rate aims at (simulated; Little's law)")
@@ -202,6 +203,27 @@ def step_errors_in_situ(real, cm) -> dict:
     return out
 
 
+def sampling_band(workload, real, cm, sched, usd, seeds: int = 8) -> dict:
+    """How far per-tier means move by chance alone: the load simulated `seeds` times with each
+    step's time spread as the engine's own steps spread around the cost model's price (their
+    coefficient of variation, in situ). A diagnostic, not the verdict."""
+    from fastmode.sim.report import summarize
+    from fastmode.sim.simulator import SimConfig, simulate
+
+    ratios = [measured / cm.step_cost(chunks, contexts).total_s
+              for (chunks, contexts), (_, measured, _) in zip(real.shapes, real.steps) if chunks or contexts]
+    mean = statistics.fmean(ratios)
+    cv = statistics.pstdev(ratios) / mean
+    runs = [summarize(simulate(workload, cm, SimConfig(sched, usd, step_jitter_cv=cv, jitter_seed=k)).requests)
+            for k in range(seeds)]
+    band = {}
+    for t in runs[0]:
+        ttft = [r[t].ttft_mean_s for r in runs]
+        tpot = [r[t].tpot_mean_s for r in runs]
+        band[t] = {"ttft_mean_s": [min(ttft), max(ttft)], "tpot_mean_s": [min(tpot), max(tpot)]}
+    return {"cv": cv, "seeds": seeds, "tiers": band}
+
+
 def tier_errors(real_t: dict, sim_t: dict) -> dict:
     out = {}
     for t in real_t:
@@ -256,6 +278,7 @@ def compare_load(load: dict, cm) -> dict:
     at_speed = simulate(workload, slowed(cm, during), SimConfig(sched, usd))
     return {"rate_per_s": load["rate"], "num_requests": len(workload), "tiers": tiers,
             "at_in_situ_speed": {"factor": during, "tiers": tier_errors(real_t, summarize(at_speed.requests))},
+            "sampling_band": sampling_band(workload, real, cm, sched, usd),
             "steps_in_situ": in_situ,
             "real": {"makespan_s": real.makespan_s, "busy_s": real.busy_s, "num_steps": real.num_steps,
                      "mean_step_s": statistics.fmean(s[1] for s in real.steps), "mean_lateness_s": real.mean_lateness_s},
@@ -291,6 +314,11 @@ def print_report(rep: dict) -> None:
     V = L["at_in_situ_speed"]
     print(f"  diagnostic, simulated at the speed the engine ran during the load (x{V['factor']:.3f}): " + ", ".join(
         f"{t} TTFT {r['ttft_error']:+.1%} TPOT {r['tpot_error']:+.1%}" for t, r in V["tiers"].items()))
+    B = L["sampling_band"]
+    print(f"  diagnostic, chance alone: {B['seeds']} simulations with the engine's step-to-step spread "
+          f"(CV {B['cv']:.2f}) put the tiers' means at " + ", ".join(
+              f"{t} TTFT {b['ttft_mean_s'][0] * 1e3:.0f}-{b['ttft_mean_s'][1] * 1e3:.0f} ms TPOT "
+              f"{b['tpot_mean_s'][0] * 1e3:.1f}-{b['tpot_mean_s'][1] * 1e3:.1f} ms" for t, b in B["tiers"].items()))
     print("  in situ: the cost model on the real engine's own steps under this load")
     for kind, r in L["steps_in_situ"].items():
         print(f"    {kind:<16}{r['num_steps']:>5} steps  measured {r['measured_mean_s'] * 1e3:7.1f} ms  "

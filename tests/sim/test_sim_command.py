@@ -33,3 +33,19 @@ def test_simulate_text_report(capsys):
     assert main(["simulate", "--num-requests", "20", "--fast-lane-max-batch", "none", "--tp", "2"]) == 0
     out = capsys.readouterr().out
     assert "on 2x h100" in out and "fast lane None" in out and "aggregate:" in out
+
+
+def test_simulate_step_jitter_flag(capsys):
+    args = ["simulate", "--num-requests", "60", "--rate", "10", "--output-len", "uniform:8:32", "--json"]
+    runs = []
+    for extra in ([], ["--step-jitter-cv", "0.3"], ["--step-jitter-cv", "0.3"], ["--step-jitter-cv", "0.3", "--seed", "1"]):
+        assert main(args + extra) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+    assert runs[1]["setup"]["step_jitter_cv"] == 0.3 and runs[0]["setup"]["step_jitter_cv"] == 0.0
+    assert runs[1]["tiers"] == runs[2]["tiers"]  # seeded
+    assert runs[1]["aggregate"]["makespan_s"] != runs[0]["aggregate"]["makespan_s"]
+    assert runs[3]["aggregate"]["makespan_s"] != runs[1]["aggregate"]["makespan_s"]
+    assert main(args + ["--step-jitter-cv", "-1"]) == 2
+    assert "step_jitter_cv must be in [0, 10]" in capsys.readouterr().err
+    assert main(["simulate", "--rate", "-1"]) == 2
+    assert "rate_per_s must be > 0" in capsys.readouterr().err

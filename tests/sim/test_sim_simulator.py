@@ -178,3 +178,24 @@ def test_prefix_cache_is_skipped_only_while_it_cannot_matter(h100_8b, monkeypatc
         assert got.requests == want.requests and got.request_ids == want.request_ids
         assert got.steps == want.steps and got.num_preemptions == want.num_preemptions
         assert got.num_free_blocks_end == want.num_free_blocks_end == num_blocks
+
+
+def test_step_jitter_is_mean_one_with_the_given_cv_and_seeded(h100_8b):
+    draw = simulator._jitter(0.3, seed=1)
+    xs = [draw() for _ in range(40000)]
+    mean = sum(xs) / len(xs)
+    cv = (sum((x - mean) ** 2 for x in xs) / len(xs)) ** 0.5 / mean
+    assert mean == pytest.approx(1.0, abs=0.01) and cv == pytest.approx(0.3, abs=0.01)
+    assert simulator._jitter(0.0, seed=1) is None
+
+    reqs = workload(300, rate=30.0)
+    cfg = sched_config()
+    plain = simulate(reqs, h100_8b, SimConfig(cfg, record_steps=True))
+    assert simulate(reqs, h100_8b, SimConfig(cfg, record_steps=True, jitter_seed=5)).steps == plain.steps
+    a = simulate(reqs, h100_8b, SimConfig(cfg, record_steps=True, step_jitter_cv=0.3, jitter_seed=1))
+    b = simulate(reqs, h100_8b, SimConfig(cfg, record_steps=True, step_jitter_cv=0.3, jitter_seed=1))
+    c = simulate(reqs, h100_8b, SimConfig(cfg, record_steps=True, step_jitter_cv=0.3, jitter_seed=2))
+    assert a.steps == b.steps and a.steps != c.steps and a.steps != plain.steps
+    assert sorted(a.request_ids) == sorted(plain.request_ids)  # every request still finishes
+    with pytest.raises(ValueError, match="step_jitter_cv"):
+        SimConfig(cfg, step_jitter_cv=-0.1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--aging-s", type=float, default=60.0, help="0 disables aging")
     g.add_argument("--kv-cache-gib", type=float, help="KV cache size (default: all memory the weights leave)")
     g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--step-jitter-cv", type=float, default=0.0,
+                   help="spread each step's time by a mean-1 lognormal factor of this coefficient of variation "
+                        "(seeded by --seed): a shared machine's step-to-step noise (default 0)")
     g = p.add_argument_group("workload")
     g.add_argument("--workload", help="JSONL workload file (replaces the generated one)")
     g.add_argument("--save-workload", help="write the generated workload here as JSONL")
@@ -99,18 +103,24 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     usd_device = args.usd_per_hour if args.usd_per_hour is not None else (hw.usd_per_hour or 0.0)
     usd_machine = usd_device * cm.num_devices
     workload, wl_info = build_workload(args)
-    result = simulate(workload, cm, SimConfig(sched, usd_machine))
+    result = simulate(workload, cm, SimConfig(sched, usd_machine, step_jitter_cv=args.step_jitter_cv,
+                                              jitter_seed=args.seed))
     report = sim_report(result, usd_machine)
     report["setup"] = {"model": model.name, "hardware": hw.name, "tp": cm.num_devices,
                        "weight_format": cm.fmt.name, "calibration": args.calibration,
-                       "usd_per_machine_hour": usd_machine, "scheduler": sched.__dict__, "workload": wl_info}
+                       "usd_per_machine_hour": usd_machine, "scheduler": sched.__dict__, "workload": wl_info,
+                       "step_jitter_cv": args.step_jitter_cv}
     return report
 
 
 def run(args: argparse.Namespace) -> int:
     from fastmode.sim.report import format_report
 
-    report = build_report(args)
+    try:
+        report = build_report(args)
+    except ValueError as e:  # a bad figure in the arguments or the workload file: say which, no traceback
+        print(f"fastmode simulate: error: {e}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

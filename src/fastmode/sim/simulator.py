@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -45,10 +47,16 @@ class SimConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     usd_per_machine_hour: float = 1.0
     record_steps: bool = False  # keep (now_s, step_s, batch, tokens) per step: memory grows with the run
+    # Each step's time times a lognormal factor of mean 1 and this coefficient of variation, seeded:
+    # the step-to-step spread of a real (shared) machine, which lengthens queues a fixed cost hides.
+    step_jitter_cv: float = 0.0
+    jitter_seed: int = 0
 
     def __post_init__(self) -> None:
         if self.usd_per_machine_hour < 0:
             raise ValueError("usd_per_machine_hour must be >= 0")
+        if not 0 <= self.step_jitter_cv <= 10:
+            raise ValueError("step_jitter_cv must be in [0, 10]")
 
 
 @dataclass
@@ -111,6 +119,15 @@ def simulate(workload: list[RequestSpec], cost_model: CostModel, config: SimConf
     return result
 
 
+def _jitter(cv: float, seed: int):
+    """A seeded source of mean-1 lognormal factors with coefficient of variation `cv`; None for 0."""
+    if cv <= 0:
+        return None
+    sigma = math.sqrt(math.log1p(cv * cv))
+    rng = random.Random(seed)
+    return functools.partial(rng.lognormvariate, -sigma * sigma / 2, sigma)
+
+
 def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
          skip_prefix_cache: bool = False) -> SimResult | None:
     """One simulation. With `skip_prefix_cache` the scheduler runs without its prefix cache,
@@ -121,6 +138,7 @@ def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
         sched_cfg = dataclasses.replace(sched_cfg, enable_prefix_caching=False)
     sched = Scheduler(sched_cfg)
     step_time = StepTimer(cost_model)
+    jitter = _jitter(config.step_jitter_cv, config.jitter_seed)
     pending = sorted(workload, key=lambda r: r.arrival_s)
     max_len = sched_cfg.max_model_len
     usd = config.usd_per_machine_hour
@@ -167,6 +185,8 @@ def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
             if computed + s.num_tokens - s.num_draft_tokens == len(seq.token_ids):  # s.samples, inlined
                 sampled[seq.request_id] = one_token
         dt = step_time.step_s(chunks, contexts)
+        if jitter is not None:
+            dt *= jitter()
         now += dt
         busy += dt
         num_steps += 1
