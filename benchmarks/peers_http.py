@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     res["skipped"].update({name: "--skip" for name in ("llama-server", "fastmode") if name in skip})
     rounds: dict[str, list[dict]] = {name: [] for name, _, _ in plan}
     for rnd in range(args.rounds):
-        for name, precision, make in plan if rnd % 2 == 0 else plan[::-1]:
+        for name, _, make in plan if rnd % 2 == 0 else plan[::-1]:
             if name in res["skipped"]:  # failed in an earlier round
                 continue
             print(f"== {name}: {args.concurrency} clients, {args.num_requests} requests, round {rnd + 1} of "

@@ -117,8 +117,9 @@ def is_held_out(p, args) -> bool:
     return args.check_context <= p.decode_context < args.check_context + 64
 
 
-def fit_cost_model(args, loaded, cal_points, log):
-    """The calibrated cost model: from --calibration, or fitted to this run's calibration points."""
+def fit_cost_model(args, loaded, cal_points, log, final: bool = True):
+    """The calibrated cost model: from --calibration, or fitted to this run's calibration points.
+    Only the final fit (all rounds) is written to --calibration-out."""
     from fastmode.calibrate.calibration_file import write_calibration
     from fastmode.calibrate.run import calibrate_loaded, engine_model_spec
     from fastmode.planner.catalog import load_hardware
@@ -136,6 +137,8 @@ def fit_cost_model(args, loaded, cal_points, log):
     run = calibrate_loaded(loaded, sweep, points=cal_points, fitted_from=(
         f"benchmarks/sim_validation.py: {loaded.name} {fmt}, {len(cal_points)} points, "
         f"{args.rounds_before} + {args.rounds_after} rounds around a load test, {args.threads} threads, {args.clock} clock"))
+    if not final:
+        return run.cost_model, run.calibration
     path = write_calibration(run.calibration, args.calibration_out)
     log(f"calibration written to {path}: fit max |error| {run.fit.max_abs_rel_error:.1%}")
     return run.cost_model, {"file": str(path), **run.calibration}
@@ -361,7 +364,7 @@ def main(argv=None) -> int:
     measure = lambda n: measure_rounds(loaded, sweep_config(args, contexts, chunks, n), log) if n else []  # noqa: E731
     before = measure(args.rounds_before)
     merged = merge_rounds(before)
-    cm_before, _ = fit_cost_model(args, loaded, [p for p in merged if not is_held_out(p, args)], log)
+    cm_before, _ = fit_cost_model(args, loaded, [p for p in merged if not is_held_out(p, args)], log, final=False)
     load = replay_load(args, loaded, cm_before, log)
     after = measure(args.rounds_after)
     merged = merge_rounds(before + after)

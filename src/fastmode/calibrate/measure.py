@@ -208,6 +208,4 @@ def measure_sweep(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = 
             grid.round(r)
         if r < prefill_passes:
             prefill.pass_(r)
-    points = grid.points(progress) + (prefill.points(progress) if prefill else [])
-    del grid, prefill
-    return points
+    return grid.points(progress) + (prefill.points(progress) if prefill else [])
