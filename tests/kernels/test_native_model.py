@@ -108,3 +108,14 @@ def test_spark_runs_q8_0_layers_and_drafts_losslessly(native):
     got = [o.token_ids for o in spec.generate(prompts, sp)]
     assert got == [o.token_ids for o in native.generate(prompts, sp)]
     assert sum(spec.engine.spec.stats.draft_tokens.values()) > 0  # it did speculate
+
+
+def test_auto_dtype_is_fp32_on_the_cpu_whatever_its_isa(monkeypatch):
+    """bf16 hardware (AVX-512 BF16, AMX) does not switch the CPU default away from the native fp32 kernels."""
+    import fastmode.kernels as kernels
+    from fastmode.loader.load import resolve_dtype
+
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"avx2", "fma", "f16c", "avx512_bf16", "amx_bf16"})
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert resolve_dtype("auto") == "float32"
+    assert resolve_dtype("bfloat16") == "bfloat16"

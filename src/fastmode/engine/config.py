@@ -13,7 +13,7 @@ KV_CACHE_DTYPES = ("auto", "float16", "float32", "bfloat16", "fp16", "fp32", "bf
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # None = the embedded default model
-    dtype: str = "auto"  # bf16 where the hardware has native bf16, else fp32 (see loader.load.resolve_dtype)
+    dtype: str = "auto"  # bf16 on CUDA, fp32 on the CPU (see loader.load.resolve_dtype)
     weights: str = "native"  # native: a GGUF file's Q4_0/Q4_1/Q8_0 blocks run as stored (fp32 activations); native-int8: int8 activations; dequantize: expand to dtype
     kv_cache_gib: float = 1.0  # KV cache size; sets the number of blocks
     kv_cache_dtype: str = "auto"  # auto: float16 when the model computes in float32 (half the bytes attention reads), else the model's dtype; float16 | float32 | bfloat16

@@ -29,6 +29,13 @@
 #else
 #define FM_AVX2 0
 #endif
+// AVX-512 (built only where the CPU has it; fastmode.kernels.compile_flags): the fp32 path runs
+// 16-wide. The int8 path and the scalar reference are the same on both.
+#if FM_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define FM_AVX512 1
+#else
+#define FM_AVX512 0
+#endif
 
 namespace {
 
@@ -109,6 +116,54 @@ inline float hsum(__m256 v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+
+// The fp32 path is written once over a vector of kLanes floats: 8 on AVX2, 16 on AVX-512.
+// Per block, weight j of the block lands in vector j / kLanes, lane j % kLanes, and each
+// output's accumulator takes the block's vectors in order: the order is fixed per build,
+// whichever path (direct or buffered) a row takes.
+#if FM_AVX512
+using vfloat = __m512;
+constexpr int kLanes = 16;
+inline vfloat vzero() { return _mm512_setzero_ps(); }
+inline vfloat vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vfloat v) { _mm512_storeu_ps(p, v); }
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(vfloat v) {  // fixed order: halves, then the 8-wide hsum
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+
+// One block -> two vectors holding weights 0-15 and 16-31. A Q4 block has 16 possible values,
+// d k + m for k = 0..15: one FMA makes that table, and a permute per vector looks each weight
+// up by its nibble (vpermps reads only an index's low 4 bits, so the low nibble needs no mask).
+// The 16 bytes of nibbles are widened to 32-bit lanes in one instruction (byte j holds weights
+// j and j + 16). The values are exactly FMA(d, q, m), as on AVX2, with fewer instructions:
+// at one activation row this dequantization is most of a matmul's work.
+inline void dequant_block_v(int64_t qtype, const uint8_t* b, vfloat* w) {
+  const __m128 dm = block_scales(b, qtype == kQ4_1);
+  const __m512 d = _mm512_broadcastss_ps(dm);
+  if (qtype == kQ8_0) {
+    const uint8_t* qs = b + 2;
+    w[0] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)))));
+    w[1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16)))));
+    return;
+  }
+  const __m512 m = qtype == kQ4_1 ? _mm512_broadcastss_ps(_mm_movehdup_ps(dm)) : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+  const uint8_t* qs = b + (qtype == kQ4_1 ? 4 : 2);
+  const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  w[0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0F))), m);
+  w[1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), m);
+}
+#else
+using vfloat = __m256;
+constexpr int kLanes = 8;
+inline vfloat vzero() { return _mm256_setzero_ps(); }
+inline vfloat vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vfloat v) { _mm256_storeu_ps(p, v); }
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(vfloat v) { return hsum(v); }
+inline void dequant_block_v(int64_t qtype, const uint8_t* b, vfloat* w) { dequant_block_avx2(qtype, b, w[0], w[1], w[2], w[3]); }
+#endif
+constexpr int kPerBlock = 32 / kLanes;  // vectors per block
 #endif
 
 template <int QT>
@@ -134,43 +189,44 @@ inline void dequant_rows(const uint8_t* wp, int64_t row_bytes, int64_t n0, int64
     const uint8_t* wrow = wp + n * row_bytes;
     float* o = buf + (n - n0) * K;
     for (int64_t b = 0; b < nb; ++b, o += kBlock) {
-      __m256 w0, w1, w2, w3;
-      dequant_block_avx2(QT, wrow + b * BB, w0, w1, w2, w3);
-      _mm256_storeu_ps(o, w0);
-      _mm256_storeu_ps(o + 8, w1);
-      _mm256_storeu_ps(o + 16, w2);
-      _mm256_storeu_ps(o + 24, w3);
+      vfloat w[kPerBlock];
+      dequant_block_v(QT, wrow + b * BB, w);
+      for (int j = 0; j < kPerBlock; ++j) vstore(o + j * kLanes, w[j]);
     }
   }
 }
 
+// Register tiles: the vector registers there are (16 ymm, 32 zmm) bound how many weight rows
+// (NR) a tile of MR activation rows can hold accumulators for.
+constexpr int kRegs = kLanes == 16 ? 32 : 16;
+
 // out[m * ldo + n] = dot(w row n, x row m) for n < NR, m < MR; w rows are K apart.
 // Register use: NR x MR accumulators plus whichever operand is held (the
-// smaller of NR and MR vectors), at most 16 ymm registers for the shapes used.
+// smaller of NR and MR vectors), at most kRegs vector registers for the shapes used.
 template <int NR, int MR>
 inline void tile_f32(const float* w, const float* x, int64_t K, int64_t ldx, float* out, int64_t ldo) {
-  __m256 acc[NR][MR];
+  vfloat acc[NR][MR];
   for (int n = 0; n < NR; ++n)
-    for (int m = 0; m < MR; ++m) acc[n][m] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 8) {
+    for (int m = 0; m < MR; ++m) acc[n][m] = vzero();
+  for (int64_t k = 0; k < K; k += kLanes) {
     if constexpr (MR <= NR) {
-      __m256 xv[MR];
-      for (int m = 0; m < MR; ++m) xv[m] = _mm256_loadu_ps(x + m * ldx + k);
+      vfloat xv[MR];
+      for (int m = 0; m < MR; ++m) xv[m] = vload(x + m * ldx + k);
       for (int n = 0; n < NR; ++n) {
-        const __m256 wv = _mm256_loadu_ps(w + n * K + k);
-        for (int m = 0; m < MR; ++m) acc[n][m] = _mm256_fmadd_ps(wv, xv[m], acc[n][m]);
+        const vfloat wv = vload(w + n * K + k);
+        for (int m = 0; m < MR; ++m) acc[n][m] = vfma(wv, xv[m], acc[n][m]);
       }
     } else {
-      __m256 wv[NR];
-      for (int n = 0; n < NR; ++n) wv[n] = _mm256_loadu_ps(w + n * K + k);
+      vfloat wv[NR];
+      for (int n = 0; n < NR; ++n) wv[n] = vload(w + n * K + k);
       for (int m = 0; m < MR; ++m) {
-        const __m256 xv = _mm256_loadu_ps(x + m * ldx + k);
-        for (int n = 0; n < NR; ++n) acc[n][m] = _mm256_fmadd_ps(wv[n], xv, acc[n][m]);
+        const vfloat xv = vload(x + m * ldx + k);
+        for (int n = 0; n < NR; ++n) acc[n][m] = vfma(wv[n], xv, acc[n][m]);
       }
     }
   }
   for (int n = 0; n < NR; ++n)
-    for (int m = 0; m < MR; ++m) out[m * ldo + n] = hsum(acc[n][m]);
+    for (int m = 0; m < MR; ++m) out[m * ldo + n] = vsum(acc[n][m]);
 }
 
 // Weight rows [0, nrows) of buf against MR activation rows: tiles as wide as
@@ -178,7 +234,7 @@ inline void tile_f32(const float* w, const float* x, int64_t K, int64_t ldx, flo
 template <int MR>
 inline void sweep_rows(const float* buf, int64_t nrows, const float* x, int64_t K, int64_t ldx, float* out,
                        int64_t ldo) {
-  constexpr int NR = MR == 1 ? 8 : MR == 2 ? 6 : MR == 3 ? 4 : 3;
+  constexpr int NR = kRegs == 32 ? (MR <= 2 ? 8 : 6) : (MR == 1 ? 8 : MR == 2 ? 6 : MR == 3 ? 4 : 3);
   int64_t n = 0;
   for (; n + NR <= nrows; n += NR) tile_f32<NR, MR>(buf + n * K, x, K, ldx, out + n, ldo);
   for (; n < nrows; ++n) tile_f32<1, MR>(buf + n * K, x, K, ldx, out + n, ldo);
@@ -197,35 +253,33 @@ inline void rows_direct_f32(const uint8_t* w, int64_t row_bytes, int64_t nb, con
   // fewer rows, the less compute per byte hides memory latency, so the further ahead (chosen
   // by A/B builds on the project's VM; benchmarks/kernels.py times the result, not the choice).
   constexpr int64_t kAhead = MR == 1 ? 2048 : MR == 2 ? 1024 : 256;
-  __m256 acc[NR][MR];
+  vfloat acc[NR][MR];
   for (int n = 0; n < NR; ++n)
-    for (int m = 0; m < MR; ++m) acc[n][m] = _mm256_setzero_ps();
+    for (int m = 0; m < MR; ++m) acc[n][m] = vzero();
   for (int64_t b = 0; b < nb; ++b) {
     for (int n = 0; n < NR; ++n) {
       _mm_prefetch(reinterpret_cast<const char*>(w + n * row_bytes + b * BB + kAhead), _MM_HINT_T0);
-      __m256 w0, w1, w2, w3;
-      dequant_block_avx2(QT, w + n * row_bytes + b * BB, w0, w1, w2, w3);
+      vfloat wv[kPerBlock];
+      dequant_block_v(QT, w + n * row_bytes + b * BB, wv);
       for (int m = 0; m < MR; ++m) {
         const float* xb = x + m * ldx + b * kBlock;
-        acc[n][m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), acc[n][m]);
-        acc[n][m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), acc[n][m]);
-        acc[n][m] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), acc[n][m]);
-        acc[n][m] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), acc[n][m]);
+        for (int j = 0; j < kPerBlock; ++j) acc[n][m] = vfma(wv[j], vload(xb + j * kLanes), acc[n][m]);
       }
     }
   }
   for (int n = 0; n < NR; ++n)
-    for (int m = 0; m < MR; ++m) out[m * ldo + n] = hsum(acc[n][m]);
+    for (int m = 0; m < MR; ++m) out[m * ldo + n] = vsum(acc[n][m]);
 }
 
 // Weight rows [n0, n1) against MR activation rows, directly from the blocks.
 template <int QT, int MR>
 inline void sweep_direct(const uint8_t* wp, int64_t row_bytes, int64_t n0, int64_t n1, int64_t nb, const float* x,
                          int64_t ldx, float* out, int64_t ldo) {
-  // Weight rows in flight: each output's accumulator is one chain of four FMAs per block, so
-  // one activation row needs three rows in flight to keep the FMA units busy (chosen by A/B
-  // builds: four were no better, two slower); more rows bring their own chains.
-  constexpr int NR = MR == 1 ? 3 : MR <= 4 ? 2 : 1;  // at most 8 accumulators + 4 dequantized vectors + x
+  // Weight rows in flight: each output's accumulator is one chain of kPerBlock FMAs per block,
+  // so one activation row needs several rows in flight to keep the FMA units busy (on AVX2,
+  // chosen by A/B builds: three, four were no better, two slower); more rows bring their own
+  // chains. AVX-512 has twice the registers and half the chain per block.
+  constexpr int NR = kRegs == 32 ? (MR == 1 ? 4 : MR <= 4 ? 3 : 2) : (MR == 1 ? 3 : MR <= 4 ? 2 : 1);
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) rows_direct_f32<QT, NR, MR>(wp + n * row_bytes, row_bytes, nb, x, ldx, out + n, ldo);
   for (; n < n1; ++n) rows_direct_f32<QT, 1, MR>(wp + n * row_bytes, row_bytes, nb, x, ldx, out + n, ldo);
@@ -238,8 +292,8 @@ template <int QT>
 void matmul_f32(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, float* op) {
   if (M <= kDirectMaxRows) {  // decode at small batch, verifications: stream the weights once, no buffer
     const int64_t nb = K / kBlock;
-    at::parallel_for(0, (N + 7) / 8, 4, [&](int64_t t0, int64_t t1) {
-      const int64_t n0 = t0 * 8, n1 = std::min(N, t1 * 8);
+    at::parallel_for(0, (N + 11) / 12, 3, [&](int64_t t0, int64_t t1) {
+      const int64_t n0 = t0 * 12, n1 = std::min(N, t1 * 12);
       switch (M) {
         case 8: sweep_direct<QT, 8>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
         case 7: sweep_direct<QT, 7>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
@@ -519,3 +573,12 @@ torch::Tensor quant_dequantize(torch::Tensor w, int64_t qtype, int64_t k, torch:
 }
 
 bool has_avx2() { return FM_AVX2; }
+
+// The vector width the fp32 path was built for: 16 (AVX-512), 8 (AVX2) or 1 (portable).
+int64_t fp32_lanes() {
+#if FM_AVX2
+  return kLanes;
+#else
+  return 1;
+#endif
+}
