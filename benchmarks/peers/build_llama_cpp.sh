@@ -12,6 +12,7 @@
 #   NICE                      prefix for the heavy steps (default "nice -n 19"; "" to run at normal priority)
 #   PIP                       pip to download with (default: the repo's .venv/bin/pip, else python3 -m pip)
 #   CMAKE_ARGS                extra configure flags, e.g. "-DGGML_CUDA=ON" on a GPU machine
+#   LLAMA_SMOKE_MODEL         a GGUF file: run llama-batched-bench on it once built (exit 2 if it crashes)
 #
 # Idempotent: the sdist is downloaded and unpacked once, cmake re-runs only what changed.
 # It prints the two binary paths last; point benchmarks/peers.py at them with
@@ -65,6 +66,20 @@ BIN="$BUILD/bin"
 for b in llama-batched-bench llama-server; do
     [[ -x "$BIN/$b" ]] || { echo "build_llama_cpp.sh: $BIN/$b was not produced" >&2; exit 1; }
 done
+# Smoke test: a few tokens on a tiny prompt. llama.cpp's AMX matmul (compiled in by -march=native
+# on CPUs that list AMX) crashed in a 2-vCPU Firecracker VM whose Xeon lists AMX (SIGSEGV in
+# ggml_backend_amx_mul_mat at ldtilecfg), though AMX itself runs there: say how to build without it.
+MODEL="${LLAMA_SMOKE_MODEL:-}"
+if [[ -n "$MODEL" && -f "$MODEL" ]]; then
+    if ! "$BIN/llama-batched-bench" -m "$MODEL" -c 256 -npp 8 -ntg 2 -npl 1 -t 2 >/dev/null 2>&1; then
+        echo "build_llama_cpp.sh: WARNING: llama-batched-bench crashed on $MODEL. Where the CPU lists AMX," >&2
+        echo "  rebuild into another dir without it: CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON" >&2
+        echo "  -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON" >&2
+        echo "  -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF'" >&2
+        exit 2
+    fi
+    echo "== smoke test passed on $MODEL"
+fi
 echo "llama.cpp (vendored by llama-cpp-python ${VERSION}) built:"
 echo "$BIN/llama-batched-bench"
 echo "$BIN/llama-server"

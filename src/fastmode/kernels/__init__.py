@@ -44,19 +44,24 @@ def cpu_flags() -> set[str]:
 
 
 AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
+AMX = {"amx_tile", "amx_bf16"}
 
 
 def compile_flags() -> list[str]:
     """-O3, OpenMP (at::parallel_for is inlined and needs it) and, on x86 CPUs
     that have them, AVX2/FMA/F16C and AVX-512. The library is built for this
-    machine. FASTMODE_KERNELS_ISA=avx2 leaves AVX-512 out (A/B comparisons, and
-    the AVX2 path's tests on an AVX-512 machine)."""
+    machine. FASTMODE_KERNELS_ISA=avx2 leaves AVX-512 and AMX out, =avx512
+    leaves AMX out (A/B comparisons, and the other paths' tests on a machine
+    with more)."""
     flags = ["-O3", "-fopenmp"]
     cpu = cpu_flags()
     if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= cpu:
         flags += ["-mavx2", "-mfma", "-mf16c"]
-        if AVX512 <= cpu and os.environ.get("FASTMODE_KERNELS_ISA", "").lower() != "avx2":
+        isa = os.environ.get("FASTMODE_KERNELS_ISA", "").lower()
+        if AVX512 <= cpu and isa != "avx2":
             flags += ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"]
+            if AMX <= cpu and isa != "avx512":
+                flags += ["-mamx-tile", "-mamx-bf16"]
     return flags
 
 

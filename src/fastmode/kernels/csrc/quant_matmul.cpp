@@ -37,9 +37,14 @@
 #define FM_AVX512 0
 #endif
 
+// amx_matmul.cpp: the fp32-activation path on AMX tiles, where built and granted.
+bool amx_matmul(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, int64_t qtype,
+                float* op);
+
 namespace {
 
 constexpr int kBlock = 32;
+constexpr int64_t kAmxMinRows = 9;  // fewer activation rows take the AVX path, which reads the blocks directly
 constexpr int64_t kMaxBlocks = 1024;  // rows of up to 32768 features
 // ggml type ids
 constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8;
@@ -503,7 +508,10 @@ template <int QT>
 void matmul(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, float* op,
             bool int8_activations) {
   if (int8_activations) matmul_int8<QT>(quantize_rows(xp, M, K), M, K, wp, N, row_bytes, op);
-  else matmul_f32<QT>(xp, M, K, wp, N, row_bytes, op);
+  // Past the direct path's rows, AMX where built and granted: the tile products cost the same at
+  // 9 rows as at 16, and beat the FMAs there (docs/kernels.md).
+  else if (M < kAmxMinRows || !amx_matmul(xp, M, K, wp, N, row_bytes, QT, op))
+    matmul_f32<QT>(xp, M, K, wp, N, row_bytes, op);
 }
 
 void check_weight(const torch::Tensor& w, int64_t qtype, int64_t k) {
