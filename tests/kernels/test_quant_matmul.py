@@ -62,6 +62,19 @@ def test_matmul_matches_the_documented_arithmetic(qtype, int8):
         assert 1e-4 < np.abs(got - exact).max() / np.abs(exact).max() < 3e-2
 
 
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_many_rows_keep_fp32_accuracy(qtype):
+    """37 rows x 96 outputs (a multiple of 16: the AMX tiles where the CPU has them, else the
+    buffered AVX path) against the exact product in float64: within fp32 rounding of it."""
+    raw, w = blocks(qtype, 96, 320, seed=5)
+    x = torch.randn(37, 320, generator=torch.Generator().manual_seed(6))
+    x[3, 5] = 40.0
+    got = K.quant_matmul(x, raw, QTYPES[qtype], False).numpy()
+    exact = x.double().numpy() @ w.T.astype(np.float64)
+    np.testing.assert_allclose(got, exact, rtol=0, atol=2e-6 * np.abs(exact).max())
+    assert isinstance(K.amx_unavailable_reason(), str)
+
+
 @pytest.mark.parametrize("int8", [False, True])
 def test_rows_do_not_depend_on_the_batch(int8):
     """Row i of a batched call is bit-identical to computing row i alone (speculative verification
