@@ -7,9 +7,10 @@ Rows printed, each beside its PyTorch peer measured in the same run:
   head last) at 1-512 activation rows: `quant_matmul` on the GGUF blocks
   against `F.linear` (oneDNN/MKL) on their exact fp32 dequantization;
 - the output head alone at one row (the largest single weight);
-- the largest layer linear (gate/up, 3072 x 576, Q4_1) at one row with its
-  blocks in cache, 100 calls in a row: the dequantization's instruction cost
-  without DRAM (at one row that cost, not memory, bounds the matmul here);
+- the largest layer linear (gate/up, 3072 x 576, Q4_1) at 1 and 16 rows with
+  its blocks in cache, 100 calls in a row: the dequantization's instruction cost
+  without DRAM (at one row that cost, not memory, bounds the matmul here), and
+  each side's largest error against the float64 product of the same values;
 - decode attention for 16 sequences x ~228 tokens over a paged cache:
   `paged_decode_attention` against the PyTorch path fastmode uses without its
   kernels (gather the blocks, matmul, masked softmax, matmul), one layer, its
@@ -63,11 +64,17 @@ def bench_matmuls(k, mods, rows: list[int], repeats: int, int8: bool = False) ->
           f"PyTorch fp32 {peer * 1e3:.2f} ms ({peer / ours:.2f}x)")
     i = max(range(len(mods) - 1), key=lambda j: mods[j].out_features * mods[j].in_features)  # the head excluded
     big, w = mods[i], dense[i]
-    x = torch.randn(1, big.in_features)
-    ours = best_of(lambda: [k.quant_matmul(x, big.qweight, big.qtype, int8) for _ in range(100)], repeats) / 100
-    peer = best_of(lambda: [F.linear(x, w) for _ in range(100)], repeats) / 100
-    print(f"largest layer linear ({big.out_features} x {big.in_features}), 1 row, in cache: fastmode "
-          f"{ours * 1e6:.0f} us, PyTorch fp32 {peer * 1e6:.0f} us ({peer / ours:.2f}x)")
+    for m_rows in (1, 16):  # 16 rows: the many-row path (AMX tiles where the build has them)
+        x = torch.randn(m_rows, big.in_features)
+        ours = best_of(lambda: [k.quant_matmul(x, big.qweight, big.qtype, int8) for _ in range(100)], repeats) / 100
+        peer = best_of(lambda: [F.linear(x, w) for _ in range(100)], repeats) / 100
+        exact = x.double() @ w.double().T  # the blocks' exact values times x, in float64
+        scale = exact.abs().max().item()
+        err = (k.quant_matmul(x, big.qweight, big.qtype, int8).double() - exact).abs().max().item() / scale
+        err_peer = (F.linear(x, w).double() - exact).abs().max().item() / scale
+        print(f"largest layer linear ({big.out_features} x {big.in_features}), {m_rows} row(s), in cache: fastmode "
+              f"{ours * 1e6:.0f} us, PyTorch fp32 {peer * 1e6:.0f} us ({peer / ours:.2f}x); max |error| against "
+              f"float64, over the largest output: fastmode {err:.1e}, PyTorch fp32 {err_peer:.1e}")
 
 
 def _dequantized(k, m) -> torch.Tensor:
@@ -139,7 +146,9 @@ def main() -> None:
     from benchmarks.common import machine
 
     loaded = load_model(None)
-    print(f"machine: {machine()}  model: {loaded.name} ({loaded.weight_format})")
+    amx = k.amx_unavailable_reason()
+    print(f"machine: {machine()}  model: {loaded.name} ({loaded.weight_format})  kernels: fp32 path "
+          f"{k.fp32_lanes()} lanes, AMX {'from 9 rows' if not amx else 'off: ' + amx}")
     with torch.inference_mode():
         bench_matmuls(k, linears(loaded.model), [int(r) for r in args.rows.split(",")], args.repeats, args.int8_activations)
         bench_attention(k, args.repeats)

@@ -135,7 +135,7 @@ def check_lengths(got: list[int], want: int, engine: str) -> None:
 def worker_fastmode(args: argparse.Namespace, info: dict) -> dict:
     from fastmode import LLM, SamplingParams
 
-    llm = LLM(model=info["path"], num_threads=args.threads, weights=args.fastmode_weights)
+    llm = LLM(model=info["path"], num_threads=args.threads, weights=args.fastmode_weights, dtype=args.fastmode_dtype)
     loaded = llm.engine.loaded
 
     def run(prompts: list[list[int]], n: int) -> float:
@@ -155,7 +155,9 @@ def worker_fastmode(args: argparse.Namespace, info: dict) -> dict:
     else:
         acts = "int8" if "int8-activations" in loaded.weight_format else "fp32"
         precision = f"{loaded.weight_format.replace('+int8-activations', '')} GGUF (as stored), {acts} activations, {kv} KV"
-    config = "default EngineConfig" if args.fastmode_weights == "native" else f"weights={args.fastmode_weights}"
+    changed = [f"{k}={v}" for k, v in (("weights", args.fastmode_weights), ("dtype", args.fastmode_dtype))
+               if v != {"weights": "native", "dtype": "auto"}[k]]
+    config = ", ".join(changed) or "default EngineConfig"
     return {"engine": "fastmode", "version": fastmode.__version__, "precision": precision,
             "config": f"{config}, standard tier, num_threads=--threads", "rows": rows}
 
@@ -388,6 +390,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fastmode-weights", default="native", choices=["native", "native-int8", "dequantize"],
                    help="fastmode's EngineConfig.weights (default: native, what LLM() uses)")
+    p.add_argument("--fastmode-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="fastmode's EngineConfig.dtype (default: auto, what LLM() uses: fp32 on the CPU)")
     p.add_argument("--skip", default="", help=f"comma-separated peers not to run: {','.join(ENGINES)}")
     p.add_argument("--llama-cpp-dir", default=DEFAULT_LLAMA_CPP_DIR,
                    help="the build script's output dir, or the dir holding llama-batched-bench "
@@ -412,7 +416,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.passthrough = ["--threads", str(args.threads), "--npp", str(args.npp), "--ntg", str(args.ntg),
                         "--batches", args.batches, "--repeats", str(args.repeats), "--seed", str(args.seed),
                         "--vllm-gpu-memory-utilization", str(args.vllm_gpu_memory_utilization),
-                        "--fastmode-weights", args.fastmode_weights]
+                        "--fastmode-weights", args.fastmode_weights, "--fastmode-dtype", args.fastmode_dtype]
     if args.model:
         args.passthrough += ["--model", args.model]
     for flag, val in (("--vllm-tokenizer", args.vllm_tokenizer), ("--vllm-model", args.vllm_model)):

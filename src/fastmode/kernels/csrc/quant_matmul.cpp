@@ -144,11 +144,10 @@ inline float vsum(vfloat v) {  // fixed order: halves, then the 8-wide hsum
 // weight up by its nibble (vpermps reads only an index's low 4 bits, so the low nibble needs
 // no mask). The 16 bytes of nibbles are widened to 32-bit lanes in one instruction (byte j
 // holds weights j and j + 16). The values are exactly FMA(d, q, m), as on AVX2. At one
-// activation row this dequantization is most of a matmul's work: against converting the
-// scales in an xmm register and broadcasting them, and a mask + convert + FMA per vector, it
-// took 142 us against 219 for a 3072 x 576 Q4_1 matvec on one thread (Xeon, AVX-512; best
-// of 50 x 50 calls, a standalone build of this file; the AVX2 code gained nothing from the
-// same change and keeps its form).
+// activation row this dequantization is most of a matmul's work; the sequence was chosen by
+// A/B builds against converting the scales in an xmm register and broadcasting them, with a
+// mask + convert + FMA per vector (the AVX2 code gained nothing from the same change and
+// keeps its form).
 inline void dequant_block_v(int64_t qtype, const uint8_t* b, vfloat* w) {
   int32_t pair;  // Q4_0 and Q8_0 have no minimum: their odd lanes hold quant bytes, unused
   std::memcpy(&pair, b, 4);
