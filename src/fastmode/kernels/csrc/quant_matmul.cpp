@@ -44,7 +44,9 @@ bool amx_matmul(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_
 namespace {
 
 constexpr int kBlock = 32;
-constexpr int64_t kAmxMinRows = 9;  // fewer activation rows take the AVX path, which reads the blocks directly
+// Up to this many activation rows the blocks are read directly (one group of rows); more go
+// through a dequantized buffer, or AMX tiles where built and granted.
+constexpr int64_t kDirectMaxRows = 8;
 constexpr int64_t kMaxBlocks = 1024;  // rows of up to 32768 features
 // ggml type ids
 constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8;
@@ -298,9 +300,6 @@ inline void sweep_direct(const uint8_t* wp, int64_t row_bytes, int64_t n0, int64
   for (; n < n1; ++n) rows_direct_f32<QT, 1, MR>(wp + n * row_bytes, row_bytes, nb, x, ldx, out + n, ldo);
 }
 
-// Up to this many activation rows, the blocks are read directly (one group of rows).
-constexpr int64_t kDirectMaxRows = 8;
-
 template <int QT>
 void matmul_f32(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, float* op) {
   if (M <= kDirectMaxRows) {  // decode at small batch, verifications: stream the weights once, no buffer
@@ -518,7 +517,7 @@ void matmul(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N,
   if (int8_activations) matmul_int8<QT>(quantize_rows(xp, M, K), M, K, wp, N, row_bytes, op);
   // Past the direct path's rows, AMX where built and granted: the tile products cost the same at
   // 9 rows as at 16, and beat the FMAs there (docs/kernels.md).
-  else if (M < kAmxMinRows || !amx_matmul(xp, M, K, wp, N, row_bytes, QT, op))
+  else if (M <= kDirectMaxRows || !amx_matmul(xp, M, K, wp, N, row_bytes, QT, op))
     matmul_f32<QT>(xp, M, K, wp, N, row_bytes, op);
 }
 
