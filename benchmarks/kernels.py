@@ -148,7 +148,7 @@ def main() -> None:
     loaded = load_model(None)
     amx = k.amx_unavailable_reason()
     print(f"machine: {machine()}  model: {loaded.name} ({loaded.weight_format})  kernels: fp32 path "
-          f"{k.fp32_lanes()} lanes, AMX {'from 9 rows' if not amx else 'off: ' + amx}")
+          f"{k.fp32_lanes()} lanes, AMX {f'from {k.direct_max_rows() + 1} rows' if not amx else 'off: ' + amx}")
     with torch.inference_mode():
         bench_matmuls(k, linears(loaded.model), [int(r) for r in args.rows.split(",")], args.repeats, args.int8_activations)
         bench_attention(k, args.repeats)

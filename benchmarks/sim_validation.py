@@ -55,7 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--calibration", help="use this calibration file instead of calibrating")
     p.add_argument("--calibration-out", default="runs/calibration-local.json")
     p.add_argument("--check-context", type=int, default=256)
-    p.add_argument("--check-batches", default="1,2,4,8,16,32,64")
+    p.add_argument("--check-batches", default="1,2,4,8,12,16,32,64")
     p.add_argument("--check-chunk", type=int, default=256)
     p.add_argument("--duration-s", type=float, default=180.0,
                    help="seconds of arrivals in the load test (default 180: ~60 flex requests, whose mean TTFT is the noisiest figure)")
@@ -196,7 +196,8 @@ def step_errors_in_situ(real, cm) -> dict:
         if not chunks and not contexts:
             continue
         b = len(contexts)
-        kind = ("prefill+decode" if contexts else "prefill") if chunks else f"decode {b if b <= 4 else '5-16'}"
+        kind = (("prefill+decode" if contexts else "prefill") if chunks
+                else f"decode {b if b <= 4 else '5-8' if b <= 8 else '9-16'}")
         groups.setdefault(kind, []).append((measured, cm.step_cost(chunks, contexts).total_s))
     out = {}
     for kind, pairs in sorted(groups.items()):
@@ -295,8 +296,12 @@ def print_report(rep: dict) -> None:
     print(f"\nmachine: {m['processor']}, {m['cpus']} CPUs, torch threads {m['torch_threads']}, {rep['clock']} clock, "
           f"load avg {m['load_avg_start'][0]:.2f} -> {m['load_avg_end'][0]:.2f}; model {rep['model']} {rep['dtype']}")
     c = rep["calibration"]
-    print(f"calibration: {c.get('file')}: overhead {c['overhead_s'] * 1e3:.2f} ms, {c['per_token_s'] * 1e6:.1f} us/token, "
-          f"{c['mem_bw_GBps']:.1f} GB/s, eta_c {c['eta_c']:.3f}")
+    split = c.get("small_step_max_tokens", 0)
+    tiles = f" (tiles of {c['token_tile']})" if c.get("token_tile") else ""
+    for label, g in ([(f"steps <= {split} tokens", c["small_step"]), ("larger steps" + tiles, c)] if split else [("", c)]):
+        print(f"calibration {label}: overhead {g['overhead_s'] * 1e3:.2f} ms, {g['per_token_s'] * 1e6:.1f} us/token, "
+              f"{g['per_seq_s'] * 1e3:.2f} ms/seq, {g['mem_bw_GBps']:.1f} GB/s, eta_c {g['eta_c']:.3f}")
+    print(f"  from {c.get('file')}")
     print(f"\nstep time, held-out points (target |error| <= {STEP_TARGET:.0%})")
     print(f"  {'kind':<8}{'batch':>6}{'ctx':>6}{'tokens':>7}{'measured ms':>13}{'sim ms':>10}{'error':>9}{'spread':>8}")
     for r in rep["steps"]:

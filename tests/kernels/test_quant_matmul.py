@@ -81,6 +81,8 @@ def test_rows_do_not_depend_on_the_batch(int8):
     relies on it) for up to 8 rows; from 9 rows on (the buffered path, or AMX tiles where the CPU
     has them) rows are bit-identical across batches of 9 or more, and match the direct path to
     fp32 rounding."""
+    assert K.direct_max_rows() == 8  # the switch the planner's calibration splits its fit at
+    assert K.amx_tile_rows() == (0 if K.amx_unavailable_reason() else 16)  # rows per tile pass, as calibrated
     raw, _ = blocks("Q4_1", 64, 128, seed=3)
     x = torch.randn(40, 128, generator=torch.Generator().manual_seed(4))
     mm = lambda rows: K.quant_matmul(rows, raw, QTYPES["Q4_1"], int8)  # noqa: E731

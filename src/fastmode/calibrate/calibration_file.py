@@ -32,7 +32,10 @@ def calibration_dict(fit: FitResult, points: list[StepPoint], hardware: str, mod
         "weight_format": weight_format,
         "notes": notes or (f"least-squares fit over {len(points) - len(fit.excluded)} of {len(points)} points "
                            f"({len(fit.excluded)} outliers left out): max |error| {fit.max_abs_rel_error:.1%}, "
-                           f"rms {fit.rms_rel_error:.1%} (outliers included)"),
+                           f"rms {fit.rms_rel_error:.1%} (outliers included)"
+                           + (f"; steps of at most {fit.small_step_max_tokens} tokens (the engine's small-row "
+                              f"kernel) fitted apart, figures in small_step" if fit.small else "")
+                           + (f"; larger steps priced in tiles of {fit.token_tile} tokens" if fit.token_tile else "")),
         "points": [dict(p.to_json(), fit_rel_error=round(e, 5), **({"excluded": True} if i in fit.excluded else {}))
                    for i, (p, e) in enumerate(zip(points, fit.rel_errors))],
     })

@@ -22,6 +22,18 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
+def _split(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number of tokens, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("--split-tokens must be >= 0")
+    return n
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("calibrate", help="measure the engine on this machine and fit the cost model",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="as the engine resolves it (auto: bf16 only where the CPU computes it natively)")
     p.add_argument("--hardware", default="local", help="catalog entry the calibration applies to (default local)")
-    p.add_argument("--batches", type=_ints, default=(1, 2, 4, 8, 16, 32, 64), help="decode batch sizes, comma-separated")
+    p.add_argument("--batches", type=_ints, default=(1, 2, 4, 8, 12, 16, 32, 64),
+                   help="decode batch sizes, comma-separated (12: just above the kernel switch at 8)")
     p.add_argument("--contexts", type=_ints, default=(32, 128, 512), help="decode context lengths (tokens)")
     p.add_argument("--chunks", type=_ints, default=(32, 128, 512), help="prefill chunk sizes (tokens)")
     p.add_argument("--repeats", type=int, default=5, help="timed steps per point (median kept)")
@@ -42,6 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="tiny sweep for tests: batches 1,2,4, contexts 16,32, chunks 8,32")
     p.add_argument("--out", default="~/.cache/fastmode/calibration-local.json", help="calibration JSON to write")
     p.add_argument("--refit", metavar="FILE", help="re-fit the points stored in a calibration file; measure nothing")
+    p.add_argument("--split-tokens", type=_split, default=None, metavar="auto|N",
+                   help="fit steps of at most N tokens apart from larger ones (0: one fit); auto (default): at the "
+                        "engine's kernel switch (8 tokens with GGUF blocks run natively), where the points allow")
     p.add_argument("--usd-per-hour", type=float, default=None, help="machine price (default: the catalog's)")
     p.add_argument("--fast-lane-max-batch", type=int, default=4)
     p.add_argument("--standard-batch", type=int, default=64, help="a full standard batch (engine max_num_seqs)")
@@ -84,7 +100,8 @@ def calibrate(args: argparse.Namespace, progress=lambda s: None) -> dict[str, An
     if args.refit:
         points = load_points(args.refit)
         fitted_from = f"re-fit of {args.refit}: " + json.loads(Path(args.refit).expanduser().read_text())["fitted_from"]
-    run = calibrate_loaded(loaded, sweep, args.hardware, args.usd_per_hour, progress, points, fitted_from)
+    run = calibrate_loaded(loaded, sweep, args.hardware, args.usd_per_hour, progress, points, fitted_from,
+                           args.split_tokens)
     usd = run.calibration.get("usd_per_hour") or 0.0
     ctx = args.price_context or (max(p.decode_context for p in run.points) if args.refit else max(sweep.contexts))
     ctx = int(round(ctx))
@@ -113,9 +130,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     f = report["fit"]
-    print(f"fit: overhead {f['overhead_s'] * 1e3:.3f} ms/step, {f['per_token_s'] * 1e6:.1f} us/token, "
-          f"{f['per_seq_s'] * 1e3:.3f} ms/sequence, {f['per_kv_token_s'] * 1e6:.2f} us/cached token read, "
-          f"effective bandwidth {f['mem_bw_GBps']:.1f} GB/s, eta_c {f['eta_c']:.3f}")
+    split = f.get("small_step_max_tokens", 0)
+    tiles = f" (in tiles of {f['token_tile']} tokens)" if f.get("token_tile") else ""
+    for label, g in ([(f"steps of <= {split} tokens", f["small_step"]), ("larger steps" + tiles, f)] if split
+                     else [("fit", f)]):
+        print(f"{label}: overhead {g['overhead_s'] * 1e3:.3f} ms/step, {g['per_token_s'] * 1e6:.1f} us/token, "
+              f"{g['per_seq_s'] * 1e3:.3f} ms/sequence, {g['per_kv_token_s'] * 1e6:.2f} us/cached token read, "
+              f"effective bandwidth {g['mem_bw_GBps']:.1f} GB/s, eta_c {g['eta_c']:.3f}")
     pts = report["calibration"]["points"]
     print(f"     error max {f['max_abs_rel_error']:.1%}, rms {f['rms_rel_error']:.1%} over {len(pts)} points"
           + "".join(f"; left out as an outlier: {pts[i]['kind']} batch {pts[i].get('num_decodes', 1)} "

@@ -51,7 +51,7 @@ CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time
 class SweepConfig:
     """What to measure. Batches and contexts in sequences and tokens."""
 
-    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    batches: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 32, 64)  # 12: above the kernels' switch at 8, near it
     contexts: tuple[int, ...] = (32, 128, 512)  # 32: short chats, where attention cost flattens out
     chunk_sizes: tuple[int, ...] = (32, 128, 512)
     prefill_tokens_per_size: int = 512  # prompt length cap per chunk size (k = this // n, 1..4)

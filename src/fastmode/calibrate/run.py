@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastmode.calibrate.calibration_file import calibration_dict
-from fastmode.calibrate.fit import FitResult, fit_step_times
+from fastmode.calibrate.fit import MIN_POINTS, FitResult, fit_step_times, split_sizes
 from fastmode.calibrate.measure import Progress, SweepConfig, measure_sweep
 from fastmode.calibrate.points import StepPoint
 from fastmode.loader import LoadedModel
@@ -35,6 +35,32 @@ def engine_model_spec(loaded: LoadedModel) -> tuple[ModelSpec, str]:
     if fmt is None:
         fmt = "fp32" if str(loaded.dtype).endswith("float32") else "bf16"
     return ModelSpec.from_config(loaded.name, loaded.config, default_format=fmt), fmt
+
+
+def kernel_regimes(fmt: str) -> tuple[int, int]:
+    """(split, tile) of the engine's matmuls for weight format `fmt`. split: the step tokens up to
+    which they run their small-row kernel (0: one kernel for every step size); tile: the rows the
+    larger steps' kernel computes per pass (16 on AMX tiles; 0: no tiles). Native GGUF blocks go
+    through fastmode's kernels, which read blocks directly up to `direct_max_rows()` rows."""
+    if not fmt.endswith("-native"):
+        return 0, 0
+    from fastmode import kernels
+
+    ops = kernels.ops()
+    return (int(ops.direct_max_rows()), int(ops.amx_tile_rows())) if ops is not None else (0, 0)
+
+
+def choose_split(points: list[StepPoint], fmt: str, split_tokens: int | None, progress: Progress) -> int:
+    """The split to fit with: `split_tokens` as given, or (None) the engine's kernel switch where
+    the points hold enough on each side of it."""
+    if split_tokens is not None:
+        return split_tokens
+    split = kernel_regimes(fmt)[0]
+    if split and min(split_sizes(points, split)) < MIN_POINTS:
+        progress(f"warning: the engine switches kernels above {split} tokens a step, but the points hold "
+                 f"{split_sizes(points, split)} on either side (< {MIN_POINTS}): fitting one set of figures")
+        return 0
+    return split
 
 
 def measure_interleaved(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[StepPoint]:
@@ -74,8 +100,11 @@ def merge_rounds(per_round: list[list[StepPoint]]) -> list[StepPoint]:
 
 def calibrate_loaded(loaded: LoadedModel, sweep: SweepConfig, hardware: str = "local",
                      usd_per_hour: float | None = None, progress: Progress = lambda s: None,
-                     points: list[StepPoint] | None = None, fitted_from: str = "") -> CalibrationRun:
-    """Measure `loaded` with `sweep` (or re-fit given `points`) and fit the cost model."""
+                     points: list[StepPoint] | None = None, fitted_from: str = "",
+                     split_tokens: int | None = None) -> CalibrationRun:
+    """Measure `loaded` with `sweep` (or re-fit given `points`) and fit the cost model.
+    `split_tokens`: fit steps of at most this many tokens apart (0: never; None: at the engine's
+    kernel switch, when the points allow)."""
     import torch
 
     if sweep.num_threads:
@@ -91,7 +120,10 @@ def calibrate_loaded(loaded: LoadedModel, sweep: SweepConfig, hardware: str = "l
     from fastmode.engine.llm_engine import resolve_kv_dtype
 
     kv_bytes = torch.finfo(resolve_kv_dtype("auto", loaded.dtype)).bits // 8  # what the measured engines stored
-    fit = fit_step_times(points, base, spec, weight_format=fmt, kv_dtype_bytes=kv_bytes)
+    split = choose_split(points, fmt, split_tokens, progress)
+    tile = kernel_regimes(fmt)[1] if split else 0  # tiles price the larger steps only
+    fit = fit_step_times(points, base, spec, weight_format=fmt, kv_dtype_bytes=kv_bytes, split_tokens=split,
+                         token_tile=tile)
     usd = usd_per_hour if usd_per_hour is not None else base.usd_per_hour
     cal = calibration_dict(fit, points, hardware, loaded.name, fmt, fitted_from, usd)
     cm = CostModel(fit.apply(base), spec, tp=1, weight_format=fmt, kv_dtype_bytes=kv_bytes)

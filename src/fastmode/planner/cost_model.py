@@ -8,11 +8,15 @@ For a step that processes `tokens` tokens on `T` devices (tensor parallel):
 
 with t_overhead = overhead_s + per_token_s * tokens + per_seq_s * sequences
 + per_kv_token_s * cached tokens read (the last three fitted by `fastmode calibrate`).
+Where the engine's kernels compute in row tiles (`Hardware.token_tile`), the
+linear FLOPs and per_token_s count tokens rounded up to whole tiles.
 
 with t_comm = 2 * layers all-reduces of the step's activations when T > 1, and
 t_floor = layers * per-layer latency on SRAM machines (which also pay one hop
 per pipeline-stage boundary). One formula covers decode, prefill and a mixed
 chunked-prefill step, so a simulator can call `step_s` once per scheduler step.
+Where a calibrated engine switches kernels with the step's token count, the
+figures of the step's regime price it (`Hardware.at_step_tokens`).
 Pure Python + numpy: this module must never import torch.
 """
 
@@ -119,14 +123,6 @@ class CostModel:
         """Batches that can be in the machine at once: one per pipeline stage."""
         return self.pipeline_stages
 
-    @property
-    def eff_eta_m(self) -> float:
-        return self.eta_m or self.hardware.eta_m
-
-    @property
-    def eff_eta_c(self) -> float:
-        return self.eta_c or self.hardware.eta_c
-
     # ---- bytes and capacity ---------------------------------------------------
     @cached_property
     def weight_bytes(self) -> float:
@@ -181,7 +177,7 @@ class CostModel:
         decode_context_lens: tokens already in each decoding sequence's KV cache.
         tokens_per_decode_seq: 1 for plain decode, k+1 for a speculative verify.
         """
-        m, hw = self.model, self.hardware
+        m = self.model
         ctx = np.asarray(decode_context_lens, dtype=np.float64)
         q = int(tokens_per_decode_seq)
         if q < 1:
@@ -192,6 +188,8 @@ class CostModel:
         tokens = sum(n for n, _ in chunks) + q * len(ctx)
         if tokens == 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
+        hw = self.hardware.at_step_tokens(tokens)
+        rows = hw.tiled_tokens(tokens)  # what the linears compute: whole row tiles where the engine tiles
 
         # Bytes: weights once per step; each sequence reads its old KV and writes its new KV.
         kv_tok = m.kv_bytes_per_token(self.kv_dtype_bytes)
@@ -205,13 +203,13 @@ class CostModel:
         linear += sum(2.0 * ((m.matmul_params_per_token - lm_head) * n + lm_head) for n, _ in chunks)
         key_layers = sum(self._keys_attended(c, n) for n, c in chunks)
         key_layers += float(np.sum(self._keys_attended(ctx, q)))
-        flops = linear + 4.0 * m.num_heads * m.head_dim * key_layers
+        flops = linear * rows / tokens + 4.0 * m.num_heads * m.head_dim * key_layers
 
         width = self.shard_width
-        mem_s = bytes_moved / (width * self.eff_eta_m * hw.mem_bw_bytes_per_s)
-        comp_s = flops / (width * self.eff_eta_c * hw.peak_flops(self.fmt.compute_dtype))
+        mem_s = bytes_moved / (width * (self.eta_m or hw.eta_m) * hw.mem_bw_bytes_per_s)
+        comp_s = flops / (width * (self.eta_c or hw.eta_c) * hw.peak_flops(self.fmt.compute_dtype))
         floor_s = m.num_layers * hw.layer_floor_s
-        overhead_s = (hw.overhead_s + hw.per_token_s * tokens + hw.per_seq_s * (len(chunks) + len(ctx))
+        overhead_s = (hw.overhead_s + hw.per_token_s * rows + hw.per_seq_s * (len(chunks) + len(ctx))
                       + hw.per_kv_token_s * kv_held)  # the last two are 0 unless calibrated (fastmode calibrate)
         return StepCost(mem_s, comp_s, floor_s, self._comm_s(tokens), overhead_s, bytes_moved, flops, tokens)
 

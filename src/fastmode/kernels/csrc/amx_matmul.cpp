@@ -241,6 +241,16 @@ std::string amx_unavailable_reason() {
 #endif
 }
 
+// Activation rows one tile pass computes where AMX runs (0 where it does not): a step of 9-16
+// rows costs one pass, 17-32 two, so the planner prices large steps in whole tiles.
+int64_t amx_tile_rows() {
+#if FM_AMX
+  return amx_unavailable_reason().empty() ? kT : 0;
+#else
+  return 0;
+#endif
+}
+
 // out (M, N) = x (M, K) times the GGUF-block weight (N rows) on AMX; false where this path does
 // not apply (no AMX, N not a multiple of 16), and the caller uses the AVX path.
 bool amx_matmul(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, int64_t qtype,

@@ -5,7 +5,9 @@ torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, bool
 torch::Tensor quant_dequantize(torch::Tensor w, int64_t qtype, int64_t k, torch::Tensor rows);
 bool has_avx2();
 int64_t fp32_lanes();
+int64_t direct_max_rows();
 std::string amx_unavailable_reason();
+int64_t amx_tile_rows();
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
@@ -33,5 +35,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_layers", &decode_layers, "every decoder layer of a pure-decode step in one call", nogil());
   m.def("has_avx2", &has_avx2, "whether the AVX2/FMA/F16C paths were compiled in");
   m.def("amx_unavailable_reason", &amx_unavailable_reason, "why the fp32 path does not run on AMX tiles (empty when it does)");
+  m.def("direct_max_rows", &direct_max_rows, "activation rows up to which the matmul reads blocks directly; more take another kernel");
+  m.def("amx_tile_rows", &amx_tile_rows, "activation rows per AMX tile pass (0 where AMX does not run)");
   m.def("fp32_lanes", &fp32_lanes, "vector width of the fp32 matmul path: 16 (AVX-512), 8 (AVX2), 1 (portable)");
 }

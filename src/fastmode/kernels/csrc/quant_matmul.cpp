@@ -589,6 +589,10 @@ torch::Tensor quant_dequantize(torch::Tensor w, int64_t qtype, int64_t k, torch:
 
 bool has_avx2() { return FM_AVX2; }
 
+// Activation rows up to which the matmul reads the blocks directly; more rows take another
+// kernel (a dequantized buffer, or AMX tiles), so a step's time bends here.
+int64_t direct_max_rows() { return kDirectMaxRows; }
+
 // The vector width the fp32 path was built for: 16 (AVX-512), 8 (AVX2) or 1 (portable).
 int64_t fp32_lanes() {
 #if FM_AVX2
