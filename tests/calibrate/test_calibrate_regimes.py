@@ -14,7 +14,7 @@ from fastmode.calibrate.calibration_file import calibration_dict, load_points
 from fastmode.calibrate.command import _split
 from fastmode.calibrate.fit import fit_step_times, split_sizes
 from fastmode.calibrate.points import StepPoint
-from fastmode.calibrate.run import choose_split
+from fastmode.calibrate.run import choose_split, kernel_regimes
 from fastmode.planner.catalog import load_hardware, load_model
 from fastmode.planner.cost_model import CostModel
 from fastmode.planner.hardware import Calibration
@@ -124,9 +124,12 @@ def test_split_fit_needs_points_on_both_sides():
         fit_step_times(pts, load_hardware("local"), load_model("smollm2-135m"), weight_format="bf16",
                        split_tokens=SPLIT)
     messages = []
-    assert choose_split(pts, "q4_1-native", None, messages.append) == 0  # auto: too few points, one fit
-    assert choose_split(pts, "fp32", None, messages.append) == 0  # no native kernels: one kernel
-    assert choose_split(pts, "fp32", 4, messages.append) == 4  # as given
+    assert choose_split(pts, SPLIT, None, messages.append) == 0  # auto: too few points, one fit
+    assert "fitting one set of figures" in messages[0]
+    assert kernel_regimes("fp32") == (0, 0)  # dequantized weights: PyTorch matmuls, one kernel
+    assert choose_split(pts, 0, None, messages.append) == 0  # one kernel: no split
+    assert choose_split(pts, SPLIT, 4, messages.append) == 4  # as given
+    assert choose_split(points(two_regime_hardware()), SPLIT, None, messages.append) == SPLIT and len(messages) == 1
 
 
 def test_calibration_file_keeps_and_applies_the_split(tmp_path):

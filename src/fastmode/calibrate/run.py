@@ -50,17 +50,17 @@ def kernel_regimes(fmt: str) -> tuple[int, int]:
     return (int(ops.direct_max_rows()), int(ops.amx_tile_rows())) if ops is not None else (0, 0)
 
 
-def choose_split(points: list[StepPoint], fmt: str, split_tokens: int | None, progress: Progress) -> int:
-    """The split to fit with: `split_tokens` as given, or (None) the engine's kernel switch where
-    the points hold enough on each side of it."""
+def choose_split(points: list[StepPoint], kernel_split: int, split_tokens: int | None, progress: Progress) -> int:
+    """The split to fit with: `split_tokens` as given, or (None) the engine's kernel switch
+    `kernel_split` where the points hold enough on each side of it."""
     if split_tokens is not None:
         return split_tokens
-    split = kernel_regimes(fmt)[0]
-    if split and min(split_sizes(points, split)) < MIN_POINTS:
-        progress(f"warning: the engine switches kernels above {split} tokens a step, but the points hold "
-                 f"{split_sizes(points, split)} on either side (< {MIN_POINTS}): fitting one set of figures")
+    sizes = split_sizes(points, kernel_split) if kernel_split else ()
+    if sizes and min(sizes) < MIN_POINTS:
+        progress(f"warning: the engine switches kernels above {kernel_split} tokens a step, but the points hold "
+                 f"{sizes} on either side (< {MIN_POINTS}): fitting one set of figures")
         return 0
-    return split
+    return kernel_split
 
 
 def measure_interleaved(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[StepPoint]:
@@ -120,8 +120,9 @@ def calibrate_loaded(loaded: LoadedModel, sweep: SweepConfig, hardware: str = "l
     from fastmode.engine.llm_engine import resolve_kv_dtype
 
     kv_bytes = torch.finfo(resolve_kv_dtype("auto", loaded.dtype)).bits // 8  # what the measured engines stored
-    split = choose_split(points, fmt, split_tokens, progress)
-    tile = kernel_regimes(fmt)[1] if split else 0  # tiles price the larger steps only
+    kernel_split, kernel_tile = kernel_regimes(fmt)
+    split = choose_split(points, kernel_split, split_tokens, progress)
+    tile = kernel_tile if split else 0  # tiles price the larger steps only
     fit = fit_step_times(points, base, spec, weight_format=fmt, kv_dtype_bytes=kv_bytes, split_tokens=split,
                          token_tile=tile)
     usd = usd_per_hour if usd_per_hour is not None else base.usd_per_hour
