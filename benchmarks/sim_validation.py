@@ -20,9 +20,18 @@
 3. Tiered load: one seeded workload (fast / standard / flex arrivals) is replayed on the
    real engine in wall-clock time and simulated with the same scheduler config and the
    calibrated cost model. Per-tier mean TTFT and TPOT are compared. Target: <= 15%.
+4. Speed reference: a fixed set of steps on an engine of its own (calibrate.probe) runs
+   three times after every decode round and prefill pass of the measurement rounds and every
+   --probe-every-s seconds of the load, with the replay's clock stopped. Its time during
+   the load over its median in the rounds is the machine's pace during the load relative
+   to the calibration, measured without the load's own steps. Printed beside the verdict,
+   not in it: the tiers compared again with the load simulated at that pace, followed over
+   the load's time (SimConfig.speed_profile), and the correlation, window by window, of the
+   probe's pace with the load's own steps' (measured over predicted), which tells the
+   machine's drift from anything the engine does under load.
    Also printed, as a diagnostic and not for the verdict: the simulation at the speed
-   the engine actually ran during the load (one scalar from its own steps), and each
-   round's speed relative to the merged points, which shows the drift.
+   the engine's own steps ran during the load, and each round's speed relative to the
+   merged points, which shows the drift.
    (Re-anchoring on calibration points re-measured just before the load was tried and
    dropped: the drift changes faster than the load test lasts.)
 
@@ -71,6 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds-before", type=int, default=2, help="measurement rounds before the load test (default 2)")
     p.add_argument("--rounds-after", type=int, default=2, help="measurement rounds after the load test (default 2)")
     p.add_argument("--quick", action="store_true", help="quick sweep, one round each side and a 25 s load")
+    p.add_argument("--probe-every-s", type=float, default=2.0,
+                   help="seconds of load between speed probes (default 2; the probe also runs after every decode "
+                        "round and prefill pass of the measurement rounds)")
     p.add_argument("--skip-step-check", action="store_true",
                    help="only the load test, no measurement rounds (needs --calibration)")
     p.add_argument("--out", default="runs/sim_validation.json")
@@ -185,25 +197,62 @@ def make_workload(args, cm, sched_cfg, usd, log):
     return workload(rate), rate
 
 
-def step_errors_in_situ(real, cm) -> dict:
-    """The cost model's error on the steps the real engine took under load, by kind of step.
-
-    This separates the cost model's error from scheduling feedback: the same composition of
-    prefill chunks and decodes, measured vs predicted, step by step.
-    """
-    groups: dict[str, list[tuple[float, float]]] = {}
-    for (chunks, contexts), (_, measured, _) in zip(real.shapes, real.steps):
+def steps_priced(real, cm) -> list[tuple[str, float, float, float]]:
+    """(kind, end_s, measured_s, predicted_s) for each step the real engine took under load."""
+    out = []
+    for (chunks, contexts), (end_s, measured, _) in zip(real.shapes, real.steps):
         if not chunks and not contexts:
             continue
         b = len(contexts)
         kind = (("prefill+decode" if contexts else "prefill") if chunks
                 else f"decode {b if b <= 4 else '5-8' if b <= 8 else '9-16'}")
-        groups.setdefault(kind, []).append((measured, cm.step_cost(chunks, contexts).total_s))
+        out.append((kind, end_s, measured, cm.step_cost(chunks, contexts).total_s))
+    return out
+
+
+def drift_tracking(priced, probes: list[tuple[float, float]], ref: float, window_s: float = 15.0) -> dict:
+    """Does the probe see what the load's own steps saw? Per window of the load: the engine's
+    measured over predicted step time, beside the probe's mean time over its reference; and the
+    correlation of the two series. High: the load's slow and fast spells are the machine's
+    (the probe shares nothing with the load but the machine), not the engine's under load."""
+    pairs = []
+    end = max((e for _, e, _, _ in priced), default=0.0)
+    w = 0.0
+    while w < end:
+        steps = [(m, p) for _, e, m, p in priced if w <= e < w + window_s]
+        seen = [s / ref for t, s in probes if w <= t < w + window_s]
+        if steps and seen:
+            pairs.append([w, sum(m for m, _ in steps) / sum(p for _, p in steps), statistics.fmean(seen)])
+        w += window_s
+    r = statistics.correlation([a for _, a, _ in pairs], [b for _, _, b in pairs]) if len(pairs) >= 3 else None
+    return {"window_s": window_s, "windows": pairs, "correlation": r}
+
+
+def step_errors_in_situ(real, cm) -> dict:
+    """The cost model's error on the steps the real engine took under load, by kind of step.
+
+    This separates the cost model's error from scheduling feedback: the same composition of
+    prefill chunks and decodes, measured vs predicted, step by step. `error_in_window` takes
+    the machine's drift out: each step's predicted time is first scaled by its window's
+    (`window_s` of load) measured over predicted time, all kinds together, so what is left is
+    how each kind's cost stands against the others', the cost model's shape under this load.
+    """
+    priced = steps_priced(real, cm)
+    window_s = 15.0
+    pace: dict[int, list[float]] = {}
+    for _, end_s, m, p in priced:
+        w = pace.setdefault(int(end_s // window_s), [0.0, 0.0])
+        w[0] += m
+        w[1] += p
+    groups: dict[str, list[tuple[float, float, float]]] = {}
+    for kind, end_s, measured, predicted in priced:
+        m, p = pace[int(end_s // window_s)]
+        groups.setdefault(kind, []).append((measured, predicted, predicted * m / p))
     out = {}
-    for kind, pairs in sorted(groups.items()):
-        meas, pred = sum(m for m, _ in pairs), sum(p for _, p in pairs)
-        out[kind] = {"num_steps": len(pairs), "measured_mean_s": meas / len(pairs), "predicted_mean_s": pred / len(pairs),
-                     "error": err(pred, meas)}
+    for kind, rows in sorted(groups.items()):
+        meas, pred, paced = (sum(r[i] for r in rows) for i in range(3))
+        out[kind] = {"num_steps": len(rows), "measured_mean_s": meas / len(rows), "predicted_mean_s": pred / len(rows),
+                     "error": err(pred, meas), "error_in_window": err(paced, meas)}
     return out
 
 
@@ -247,8 +296,9 @@ def slowed(cm, factor: float):
     return dataclasses.replace(cm, hardware=cm.hardware.slowed(factor))
 
 
-def replay_load(args, loaded, cm, log):
-    """Replay a seeded tiered load on the engine (the rate chosen with the simulator and `cm`)."""
+def replay_load(args, loaded, cm, log, probe=None):
+    """Replay a seeded tiered load on the engine (the rate chosen with the simulator and `cm`),
+    with the speed probe every --probe-every-s seconds, the clock stopped."""
     from fastmode.calibrate.replay import replay
     from fastmode.engine.config import EngineConfig
     from fastmode.engine.llm_engine import LLMEngine
@@ -261,13 +311,15 @@ def replay_load(args, loaded, cm, log):
     usd = engine.config.usd_per_machine_hour
     workload, rate = make_workload(args, cm, engine.scheduler_config, usd, log)
     log(f"replaying {len(workload)} requests on the real engine...")
-    real = replay(engine, workload, seed=args.seed, clock=args.clock)
+    real = replay(engine, workload, seed=args.seed, clock=args.clock, probe=probe, probe_every_s=args.probe_every_s)
     return {"workload": workload, "rate": rate, "real": real, "sched": engine.scheduler_config, "usd": usd}
 
 
-def compare_load(load: dict, cm) -> dict:
-    """Simulate the replayed workload with `cm`, and again at the speed the engine actually ran
-    during the load (one scalar from its own steps)."""
+def compare_load(load: dict, cm, profile: tuple = ()) -> dict:
+    """Simulate the replayed workload with `cm`; again at the machine's pace during the load as
+    the probe measured it (`profile`, for SimConfig.speed_profile: the probe's time over its
+    median in the measurement rounds, over the load's time); and, a diagnostic, at the speed the
+    engine's own steps ran."""
     from fastmode.sim.report import summarize
     from fastmode.sim.simulator import SimConfig, simulate
 
@@ -280,15 +332,27 @@ def compare_load(load: dict, cm) -> dict:
     during = measured / predicted if predicted > 0 else 1.0
     tiers = tier_errors(real_t, summarize(sim.requests))
     at_speed = simulate(workload, slowed(cm, during), SimConfig(sched, usd))
-    return {"rate_per_s": load["rate"], "num_requests": len(workload), "tiers": tiers,
+    at_probe = None
+    if profile:
+        sim_p = simulate(workload, cm, SimConfig(sched, usd, speed_profile=profile))
+        at_probe = {"tiers": tier_errors(real_t, summarize(sim_p.requests))}
+    return {"rate_per_s": load["rate"], "num_requests": len(workload), "tiers": tiers, "at_probe_speed": at_probe,
             "at_in_situ_speed": {"factor": during, "tiers": tier_errors(real_t, summarize(at_speed.requests))},
             "sampling_band": sampling_band(workload, real, cm, sched, usd),
             "steps_in_situ": in_situ,
+            "steps_priced": [[k, round(e, 4), round(m, 6), round(p, 6)] for k, e, m, p in steps_priced(real, cm)],
             "real": {"makespan_s": real.makespan_s, "busy_s": real.busy_s, "num_steps": real.num_steps,
                      "mean_step_s": statistics.fmean(s[1] for s in real.steps), "mean_lateness_s": real.mean_lateness_s},
             "sim": {"makespan_s": sim.makespan_s, "busy_s": sim.busy_s, "num_steps": sim.num_steps,
                     "mean_step_s": sim.busy_s / sim.num_steps, "num_preemptions": sim.num_preemptions},
             "scheduler": dict(sched.__dict__)}
+
+
+def print_tiers(tiers: dict) -> None:
+    for t, r in tiers.items():
+        print(f"  {t:<9}{r['num_requests']:>4}{r['real']['ttft_mean_s'] * 1e3:>9.0f}ms{r['sim']['ttft_mean_s'] * 1e3:>8.0f}ms"
+              f"{r['ttft_error']:>+8.1%}{r['real']['tpot_mean_s'] * 1e3:>9.1f}ms{r['sim']['tpot_mean_s'] * 1e3:>8.1f}ms"
+              f"{r['tpot_error']:>+8.1%}")
 
 
 def print_report(rep: dict) -> None:
@@ -312,13 +376,15 @@ def print_report(rep: dict) -> None:
           f"{L['scheduler']['max_num_seqs']}, fast lane {L['scheduler']['fast_lane_max_batch']} "
           f"(target |error| <= {TIER_TARGET:.0%})")
     print(f"  {'tier':<9}{'n':>4}{'TTFT real':>11}{'TTFT sim':>10}{'error':>8}{'TPOT real':>11}{'TPOT sim':>10}{'error':>8}")
-    for t, r in L["tiers"].items():
-        print(f"  {t:<9}{r['num_requests']:>4}{r['real']['ttft_mean_s'] * 1e3:>9.0f}ms{r['sim']['ttft_mean_s'] * 1e3:>8.0f}ms"
-              f"{r['ttft_error']:>+8.1%}{r['real']['tpot_mean_s'] * 1e3:>9.1f}ms{r['sim']['tpot_mean_s'] * 1e3:>8.1f}ms"
-              f"{r['tpot_error']:>+8.1%}")
+    print_tiers(L["tiers"])
     print(f"  makespan real {L['real']['makespan_s']:.1f} s, sim {L['sim']['makespan_s']:.1f} s; steps real "
           f"{L['real']['num_steps']}, sim {L['sim']['num_steps']}; mean step real {L['real']['mean_step_s'] * 1e3:.1f} ms, "
           f"sim {L['sim']['mean_step_s'] * 1e3:.1f} ms")
+    P = L.get("at_probe_speed")
+    if P:
+        print(f"  at the machine's pace during the load as the probe measured it (mean x{rep['probe']['load_speed_mean']:.3f} "
+              "the rounds' median, followed over time):")
+        print_tiers(P["tiers"])
     V = L["at_in_situ_speed"]
     print(f"  diagnostic, simulated at the speed the engine ran during the load (x{V['factor']:.3f}): " + ", ".join(
         f"{t} TTFT {r['ttft_error']:+.1%} TPOT {r['tpot_error']:+.1%}" for t, r in V["tiers"].items()))
@@ -327,18 +393,36 @@ def print_report(rep: dict) -> None:
           f"(CV {B['cv']:.2f}) put the tiers' means at " + ", ".join(
               f"{t} TTFT {b['ttft_mean_s'][0] * 1e3:.0f}-{b['ttft_mean_s'][1] * 1e3:.0f} ms TPOT "
               f"{b['tpot_mean_s'][0] * 1e3:.1f}-{b['tpot_mean_s'][1] * 1e3:.1f} ms" for t, b in B["tiers"].items()))
-    print("  in situ: the cost model on the real engine's own steps under this load")
+    print("  in situ: the cost model on the real engine's own steps under this load (last column: with each "
+          "step's 15 s of load at its own pace, the drift taken out)")
     for kind, r in L["steps_in_situ"].items():
         print(f"    {kind:<16}{r['num_steps']:>5} steps  measured {r['measured_mean_s'] * 1e3:7.1f} ms  "
-              f"predicted {r['predicted_mean_s'] * 1e3:7.1f} ms  {r['error']:+.1%}")
+              f"predicted {r['predicted_mean_s'] * 1e3:7.1f} ms  {r['error']:+.1%}  {r['error_in_window']:+.1%}")
     speeds = rep["round_speeds"]
     nb = rep["rounds"]["before"]
     print("  drift: each round's step times over the merged medians (median over points): "
           + " ".join(f"{x:.3f}" for x in speeds[:nb]) + " | load | " + " ".join(f"{x:.3f}" for x in speeds[nb:]))
+    pr = rep["probe"]
+    if pr["round_speeds"]:
+        prof = [f for _, f in pr["load_profile"]]
+        tenths = [prof[min(len(prof) - 1, k * len(prof) // 10)] for k in range(10)] if prof else []
+        print(f"  drift, the probe ({pr['batch']} x {pr['prompt_tokens']}-token prefill + {pr['decode_steps']} decodes) "
+              "over its median in the rounds, by round: " + " ".join(f"{x:.3f}" for x in pr["round_speeds"][:nb])
+              + " | load, by tenths: " + " ".join(f"{x:.2f}" for x in tenths) + " | "
+              + " ".join(f"{x:.3f}" for x in pr["round_speeds"][nb:]))
+    tr = pr.get("tracking")
+    if tr and tr["correlation"] is not None:
+        print(f"  drift tracking, per {tr['window_s']:.0f} s of load: the engine's steps (measured / predicted) vs the "
+              f"probe: correlation {tr['correlation']:.2f} over {len(tr['windows'])} windows; steps "
+              + " ".join(f"{a:.2f}" for _, a, _ in tr["windows"]) + "; probe "
+              + " ".join(f"{b:.2f}" for _, _, b in tr["windows"]))
     v = rep["verdict"]
-    print(f"\nstep max |error| {v['step_max_abs_error']:.1%} ({'PASS' if v['steps_pass'] else 'FAIL'}), "
-          f"tier max |error| {v['tier_max_abs_error']:.1%} ({'PASS' if v['tiers_pass'] else 'FAIL'}); "
-          f"run took {rep['wall_s']:.0f} s")
+    ok = lambda b: "PASS" if b else "FAIL"  # noqa: E731
+    print(f"\nstep max |error| {v['step_max_abs_error']:.1%} ({ok(v['steps_pass'])}), "
+          f"tier max |error| {v['tier_max_abs_error']:.1%} at the calibration's speed ({ok(v['tiers_pass'])}), "
+          + (f"(diagnostic: {v['tier_max_abs_error_at_probe_speed']:.1%} at the probe's pace); "
+             if v["tiers_pass_at_probe_speed"] is not None else "")
+          + f"run took {rep['wall_s']:.0f} s")
 
 
 def main(argv=None) -> int:
@@ -350,6 +434,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     import torch
 
+    from fastmode.calibrate.probe import SpeedProbe, relative_speed, speed_profile
     from fastmode.calibrate.run import measure_rounds, merge_rounds
     from fastmode.loader import load_model
 
@@ -366,25 +451,59 @@ def main(argv=None) -> int:
     if args.rounds_before + args.rounds_after < 1 and not args.skip_step_check:
         raise SystemExit("--rounds-before + --rounds-after must be >= 1")
     contexts, chunks = plan_points(args)
-    measure = lambda n: measure_rounds(loaded, sweep_config(args, contexts, chunks, n), log) if n else []  # noqa: E731
+    probe = SpeedProbe(loaded, sweep_config(args, contexts, chunks, 1))
+    for _ in range(3):  # warm-up, not kept
+        probe()
+    probe.take()
+    probes: list[list[float]] = []  # the probe's times, per measurement round
+
+    def probe_thrice() -> None:  # a reference of ~70 probes over the rounds, not ~25
+        for _ in range(3):
+            probe()
+
+    def measure(n: int) -> list:
+        rounds = []
+        for k in range(n):
+            log(f"measurement round {k + 1} of {n}")
+            rounds += measure_rounds(loaded, sweep_config(args, contexts, chunks, 1), log, between=probe_thrice)
+            probes.append(probe.take())
+        return rounds
+
     before = measure(args.rounds_before)
     merged = merge_rounds(before)
     cm_before, _ = fit_cost_model(args, loaded, [p for p in merged if not is_held_out(p, args)], log, final=False)
-    load = replay_load(args, loaded, cm_before, log)
+    load = replay_load(args, loaded, cm_before, log, probe)
+    probe.take()  # the load's probes are in load["real"].probes, with their times
     after = measure(args.rounds_after)
     merged = merge_rounds(before + after)
     rep["rounds"] = {"before": len(before), "after": len(after)}
     rep["round_speeds"] = round_speeds(before + after, merged)
+    ref = [t for r in probes for t in r]
+    on_load = load["real"].probes
+    profile = speed_profile(on_load, ref) if ref and on_load else ()
+    rep["probe"] = {"batch": probe.batch, "prompt_tokens": probe.prompt_tokens, "decode_steps": probe.decode_steps,
+                    "every_s": args.probe_every_s, "rounds_s": probes, "load_s": on_load,
+                    "round_speeds": [relative_speed(r, ref) for r in probes] if ref else [],
+                    "load_speed_mean": statistics.fmean(s for _, s in on_load) / statistics.median(ref) if profile else None,
+                    "load_profile": profile}
     rep["points_by_round"] = [[p.to_json() for p in points] for points in before + after]
     cm, rep["calibration"] = fit_cost_model(args, loaded, [p for p in merged if not is_held_out(p, args)], log)
     rep["calibration"].pop("points", None)
     rep["steps"] = [] if args.skip_step_check else check_steps([p for p in merged if is_held_out(p, args)], cm)
-    rep["load"] = compare_load(load, cm)
+    rep["load"] = compare_load(load, cm, profile)
+    if profile:
+        priced = steps_priced(load["real"], cm)
+        rep["probe"]["tracking"] = drift_tracking(priced, on_load, statistics.median(ref))
     rep["machine"]["load_avg_end"] = os.getloadavg()
     step_err = max((abs(r["error"]) for r in rep["steps"]), default=float("nan"))
-    tier_err = max(max(abs(r["ttft_error"]), abs(r["tpot_error"])) for r in rep["load"]["tiers"].values())
+    tier_max = lambda tiers: max(max(abs(r["ttft_error"]), abs(r["tpot_error"])) for r in tiers.values())  # noqa: E731
+    tier_err = tier_max(rep["load"]["tiers"])
+    at_probe = rep["load"]["at_probe_speed"]
+    probe_err = tier_max(at_probe["tiers"]) if at_probe else float("nan")
     rep["verdict"] = {"step_max_abs_error": step_err, "steps_pass": step_err <= STEP_TARGET,
-                      "tier_max_abs_error": tier_err, "tiers_pass": tier_err <= TIER_TARGET}
+                      "tier_max_abs_error": tier_err, "tiers_pass": tier_err <= TIER_TARGET,
+                      "tier_max_abs_error_at_probe_speed": probe_err,
+                      "tiers_pass_at_probe_speed": probe_err <= TIER_TARGET if at_probe else None}
     rep["wall_s"] = time.perf_counter() - t0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -199,3 +199,23 @@ def test_step_jitter_is_mean_one_with_the_given_cv_and_seeded(h100_8b):
     assert sorted(a.request_ids) == sorted(plain.request_ids)  # every request still finishes
     with pytest.raises(ValueError, match="step_jitter_cv"):
         SimConfig(cfg, step_jitter_cv=-0.1)
+
+
+def test_speed_profile_scales_each_step_by_the_pace_where_it_starts(h100_8b):
+    """One request, so every run takes the same steps: with a profile each step's time is the
+    plain run's times the factor in effect where the step starts."""
+    reqs = [RequestSpec("only", 0.0, 64, 40)]
+    cfg = sched_config()
+    plain = simulate(reqs, h100_8b, SimConfig(cfg, record_steps=True))
+    doubled = simulate(reqs, h100_8b, SimConfig(cfg, record_steps=True, speed_profile=((0.0, 2.0),)))
+    assert [s[1] for s in doubled.steps] == pytest.approx([2 * s[1] for s in plain.steps])
+    assert doubled.makespan_s == pytest.approx(2 * plain.makespan_s)
+    switch = plain.steps[len(plain.steps) // 2][0]  # where the plain run's middle step ends
+    two = simulate(reqs, h100_8b, SimConfig(cfg, record_steps=True, speed_profile=((0.0, 1.0), (switch, 3.0))))
+    assert len(two.steps) == len(plain.steps)
+    for (end, dt, *_), (_, plain_dt, *_) in zip(two.steps, plain.steps):
+        assert dt == pytest.approx(plain_dt * (3.0 if end - dt >= switch else 1.0))
+    assert 1 < two.makespan_s / plain.makespan_s < 3
+    for bad in (((1.0, 1.0),), ((0.0, 1.0), (0.0, 2.0)), ((0.0, 0.0),), ((0.0, float("inf")),)):
+        with pytest.raises(ValueError, match="speed_profile"):
+            SimConfig(cfg, speed_profile=bad)

@@ -9,5 +9,6 @@ Module map:
 - calibration_file  the calibration JSON of docs/planner.md (no torch)
 - run               calibrate_loaded(): measure + fit + calibrated CostModel for a loaded model
 - replay            replay a workload on the real engine by wall clock (torch)
+- probe             a fixed pair of steps timed again and again: the machine's speed over time (torch)
 - command           `fastmode calibrate`
 """

@@ -82,7 +82,7 @@ def _median_point(times: list[float]) -> tuple[float, float]:
     return med, (max(times) - min(times)) / med
 
 
-def _engine(loaded: LoadedModel, sweep: SweepConfig, max_seqs: int, budget: int, tokens: int,
+def sweep_engine(loaded: LoadedModel, sweep: SweepConfig, max_seqs: int, budget: int, tokens: int,
             prefix_caching: bool = False) -> LLMEngine:
     dtype_bytes = 4 if str(loaded.dtype).endswith("float32") else 2
     gib = max(0.01, 1.2 * tokens * loaded.config.kv_bytes_per_token(dtype_bytes) / 2**30)
@@ -111,7 +111,7 @@ class _DecodeGrid:
             if ctx + steps_needed + 2 > max_len:
                 raise ValueError(f"context {ctx} + {steps_needed} decode steps exceeds the model's {max_len} positions")
             budget = max(ctx, min(bmax * ctx, sweep.max_prefill_tokens_per_step))
-            engine = _engine(loaded, sweep, bmax, budget, bmax * (ctx + steps_needed + 64), prefix_caching=True)
+            engine = sweep_engine(loaded, sweep, bmax, budget, bmax * (ctx + steps_needed + 64), prefix_caching=True)
             params = SamplingParams(temperature=0.0, max_tokens=steps_needed + 32, ignore_eos=True)
             sched = engine.scheduler
             tail = min(engine.scheduler_config.block_size, max(1, ctx // 2))  # private tokens per prompt
@@ -169,7 +169,7 @@ class _PrefillSweep:
         self.vocab = loaded.config.vocab_size
         self.sizes = sorted(sweep.chunk_sizes)
         self.k = {n: max(1, min(4, sweep.prefill_tokens_per_size // n)) for n in self.sizes}
-        self.engines = {n: _engine(loaded, sweep, 1, n, n * self.k[n] + 64) for n in self.sizes}
+        self.engines = {n: sweep_engine(loaded, sweep, 1, n, n * self.k[n] + 64) for n in self.sizes}
         self.by_ctx: dict[int, dict[int, list[float]]] = {n: {} for n in self.sizes}
         self.params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 
@@ -197,9 +197,11 @@ class _PrefillSweep:
         return points
 
 
-def measure_sweep(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[StepPoint]:
+def measure_sweep(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None,
+                  between: Callable[[], object] | None = None) -> list[StepPoint]:
     """Every decode point (contexts x batches), then every prefill point (chunk sizes x contexts),
-    measured interleaved as the module docstring describes."""
+    measured interleaved as the module docstring describes. `between`, if given, runs after each
+    decode round and prefill pass (a speed probe sampling the same minutes: calibrate.probe)."""
     grid = _DecodeGrid(loaded, sweep, progress)
     prefill = _PrefillSweep(loaded, sweep) if sweep.chunk_sizes else None
     decode_rounds, prefill_passes = sweep.warmup + sweep.repeats, sweep.prefill_repeats + 1 if prefill else 0
@@ -208,4 +210,6 @@ def measure_sweep(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = 
             grid.round(r)
         if r < prefill_passes:
             prefill.pass_(r)
+        if between is not None:
+            between()
     return grid.points(progress) + (prefill.points(progress) if prefill else [])

@@ -22,6 +22,7 @@ call per sequence per step.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import math
@@ -51,12 +52,22 @@ class SimConfig:
     # the step-to-step spread of a real (shared) machine, which lengthens queues a fixed cost hides.
     step_jitter_cv: float = 0.0
     jitter_seed: int = 0
+    # The machine's pace over time: ((from_s, factor), ...), from_s ascending, the first at 0; a step
+    # that starts at t takes the cost model's time times the factor in effect at t. Empty: 1 throughout.
+    # What benchmarks/sim_validation.py builds from a speed probe that timed the real machine's drift.
+    speed_profile: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.usd_per_machine_hour < 0:
             raise ValueError("usd_per_machine_hour must be >= 0")
         if not 0 <= self.step_jitter_cv <= 10:
             raise ValueError("step_jitter_cv must be in [0, 10]")
+        if self.speed_profile:
+            starts = [t for t, _ in self.speed_profile]
+            if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+                raise ValueError("speed_profile: start times must begin at 0 and increase")
+            if not all(0 < f < math.inf for _, f in self.speed_profile):
+                raise ValueError("speed_profile: every factor must be positive and finite")
 
 
 @dataclass
@@ -139,6 +150,7 @@ def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
     sched = Scheduler(sched_cfg)
     step_time = StepTimer(cost_model)
     jitter = _jitter(config.step_jitter_cv, config.jitter_seed)
+    pace_from = [t for t, _ in config.speed_profile]
     pending = sorted(workload, key=lambda r: r.arrival_s)
     max_len = sched_cfg.max_model_len
     usd = config.usd_per_machine_hour
@@ -187,6 +199,8 @@ def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
         dt = step_time.step_s(chunks, contexts)
         if jitter is not None:
             dt *= jitter()
+        if pace_from:
+            dt *= config.speed_profile[bisect.bisect_right(pace_from, now) - 1][1]
         now += dt
         busy += dt
         num_steps += 1
