@@ -4,16 +4,20 @@
     python benchmarks/sim_validation.py --calibration ~/.cache/fastmode/calibration-local.json
     python benchmarks/sim_validation.py --quick             # small sweep and a short load (~2 min)
 
-1. Measurement, in rounds around the load test (--rounds-before, --rounds-after):
-   each round is `fastmode calibrate`'s sweep (decode batches 1-64 at contexts
-   32, 128, 512; prefill chunks 32, 128, 512) plus held-out points it does not
-   fit (decode at context 256, prefill chunks of 256), interleaved, the batch
-   sizes taking turns. Each point keeps its median over all rounds.
-   Why rounds on both sides: this VM's speed drifts by 10-30% within minutes.
-   Calibrating first and validating later measures the drift between the two,
-   not the cost model; with the held-out points inside the same rounds, and the
-   rounds split before and after the load test, the calibration covers the same
-   span of time as what it is checked against.
+1. Measurement, in rounds before, during and after the load test (--rounds-before,
+   --rounds-during, --rounds-after; 1, 2, 1): each round is `fastmode calibrate`'s
+   sweep (decode batches 1-64 at contexts 32, 128, 512; prefill chunks 32, 128, 512)
+   plus held-out points it does not fit (decode at context 256, prefill chunks of
+   256), interleaved, the batch sizes taking turns. Each point keeps its median over
+   all rounds. The rounds during the load run one unit (a decode round or a prefill
+   pass, 2-5 s) at a time between the load's steps, with the load's clock stopped,
+   spread over its duration.
+   Why: this VM's speed drifts by 10-30% within minutes, in spells of 15-30 s.
+   Calibrating first and validating later measures the drift between the two, not
+   the cost model; with the held-out points inside the same rounds, and half the
+   rounds measured in the load's own minutes, the calibration covers the same span
+   of time as what it is checked against. (Until session 12 the rounds were 2 before
+   and 2 after the load, and the load's minutes drifted away from both.)
 2. Step times: the cost model is fitted to the calibration points only (as
    `fastmode calibrate` would) and its prediction set beside each held-out
    point. Target: |error| <= 10%.
@@ -21,7 +25,7 @@
    real engine in wall-clock time and simulated with the same scheduler config and the
    calibrated cost model. Per-tier mean TTFT and TPOT are compared. Target: <= 15%.
 4. Speed reference: a fixed set of steps on an engine of its own (calibrate.probe) runs
-   three times after every decode round and prefill pass of the measurement rounds and every
+   twice after every decode round and every prefill pass of the rounds before and after the load, and every
    --probe-every-s seconds of the load, with the replay's clock stopped. Its time during
    the load over its median in the rounds is the machine's pace during the load relative
    to the calibration, measured without the load's own steps. Printed beside the verdict,
@@ -77,8 +81,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--fast-lane-max-batch", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rounds-before", type=int, default=2, help="measurement rounds before the load test (default 2)")
-    p.add_argument("--rounds-after", type=int, default=2, help="measurement rounds after the load test (default 2)")
+    p.add_argument("--rounds-before", type=int, default=1, help="measurement rounds before the load test (default 1)")
+    p.add_argument("--rounds-during", type=int, default=2,
+                   help="measurement rounds run during the load test, one decode round or prefill pass at a time "
+                        "between the load's steps with its clock stopped, spread over its duration (default 2)")
+    p.add_argument("--rounds-after", type=int, default=1, help="measurement rounds after the load test (default 1)")
     p.add_argument("--quick", action="store_true", help="quick sweep, one round each side and a 25 s load")
     p.add_argument("--probe-every-s", type=float, default=2.0,
                    help="seconds of load between speed probes (default 2; the probe also runs after every decode "
@@ -148,7 +155,8 @@ def fit_cost_model(args, loaded, cal_points, log, final: bool = True):
     sweep = sweep_config(args, (args.check_context,), (args.check_chunk,), 1)  # only its thread count is read
     run = calibrate_loaded(loaded, sweep, points=cal_points, fitted_from=(
         f"benchmarks/sim_validation.py: {loaded.name} {fmt}, {len(cal_points)} points, "
-        f"{args.rounds_before} + {args.rounds_after} rounds around a load test, {args.threads} threads, {args.clock} clock"))
+        f"{args.rounds_before} + {args.rounds_during} + {args.rounds_after} rounds before, during and after a load test, "
+        f"{args.threads} threads, {args.clock} clock"))
     if not final:
         return run.cost_model, run.calibration
     path = write_calibration(run.calibration, args.calibration_out)
@@ -399,9 +407,10 @@ def print_report(rep: dict) -> None:
         print(f"    {kind:<16}{r['num_steps']:>5} steps  measured {r['measured_mean_s'] * 1e3:7.1f} ms  "
               f"predicted {r['predicted_mean_s'] * 1e3:7.1f} ms  {r['error']:+.1%}  {r['error_in_window']:+.1%}")
     speeds = rep["round_speeds"]
-    nb = rep["rounds"]["before"]
+    nb, nd = rep["rounds"]["before"], rep["rounds"].get("during", 0)
     print("  drift: each round's step times over the merged medians (median over points): "
-          + " ".join(f"{x:.3f}" for x in speeds[:nb]) + " | load | " + " ".join(f"{x:.3f}" for x in speeds[nb:]))
+          + " ".join(f"{x:.3f}" for x in speeds[:nb]) + " | during the load: "
+          + " ".join(f"{x:.3f}" for x in speeds[nb:nb + nd]) + " | " + " ".join(f"{x:.3f}" for x in speeds[nb + nd:]))
     pr = rep["probe"]
     if pr["round_speeds"]:
         prof = [f for _, f in pr["load_profile"]]
@@ -430,11 +439,13 @@ def main(argv=None) -> int:
     if args.quick:
         args.duration_s = min(args.duration_s, 25.0)
         args.rounds_before, args.rounds_after = min(args.rounds_before, 1), min(args.rounds_after, 1)
+        args.rounds_during = min(args.rounds_during, 1)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.perf_counter()
     import torch
 
     from fastmode.calibrate.probe import SpeedProbe, relative_speed, speed_profile
+    from fastmode.calibrate.measure import sweep_units, units_per_sweep
     from fastmode.calibrate.run import measure_rounds, merge_rounds
     from fastmode.loader import load_model
 
@@ -447,9 +458,11 @@ def main(argv=None) -> int:
     if args.skip_step_check:
         if not args.calibration:
             raise SystemExit("--skip-step-check needs --calibration (the rounds are what calibrates)")
-        args.rounds_before = args.rounds_after = 0
-    if args.rounds_before + args.rounds_after < 1 and not args.skip_step_check:
-        raise SystemExit("--rounds-before + --rounds-after must be >= 1")
+        args.rounds_before = args.rounds_during = args.rounds_after = 0
+    if min(args.rounds_before, args.rounds_during, args.rounds_after) < 0:
+        raise SystemExit("--rounds-before, --rounds-during and --rounds-after must be >= 0")
+    if args.rounds_before < 1 and not args.skip_step_check:
+        raise SystemExit("--rounds-before must be >= 1 (its fit chooses the load's rate)")
     contexts, chunks = plan_points(args)
     probe = SpeedProbe(loaded, sweep_config(args, contexts, chunks, 1))
     for _ in range(3):  # warm-up, not kept
@@ -457,27 +470,52 @@ def main(argv=None) -> int:
     probe.take()
     probes: list[list[float]] = []  # the probe's times, per measurement round
 
-    def probe_thrice() -> None:  # a reference of ~70 probes over the rounds, not ~25
-        for _ in range(3):
+    def probe_twice() -> None:  # ~20 probes a round
+        for _ in range(2):
             probe()
 
     def measure(n: int) -> list:
         rounds = []
         for k in range(n):
             log(f"measurement round {k + 1} of {n}")
-            rounds += measure_rounds(loaded, sweep_config(args, contexts, chunks, 1), log, between=probe_thrice)
+            rounds += measure_rounds(loaded, sweep_config(args, contexts, chunks, 1), log, between=probe_twice)
             probes.append(probe.take())
         return rounds
 
     before = measure(args.rounds_before)
     merged = merge_rounds(before)
     cm_before, _ = fit_cost_model(args, loaded, [p for p in merged if not is_held_out(p, args)], log, final=False)
-    load = replay_load(args, loaded, cm_before, log, probe)
+    during: list[list] = []
+
+    def during_units():
+        for k in range(args.rounds_during):
+            log(f"measurement round {k + 1} of {args.rounds_during} during the load")
+            points: list = []
+            yield from sweep_units(loaded, sweep_config(args, contexts, chunks, 1), log, points)
+            during.append(points)
+
+    units = during_units()
+    per_unit = max(1, round(args.duration_s / max(1, args.rounds_during * units_per_sweep(
+        sweep_config(args, contexts, chunks, 1))) / args.probe_every_s))
+    ticks = [0]
+
+    def tick() -> float:
+        """Every --probe-every-s of load: the probe; every `per_unit` ticks, the next unit of the
+        rounds measured during the load."""
+        ticks[0] += 1
+        if args.rounds_during and ticks[0] % per_unit == 0:
+            next(units, None)
+        return probe()
+
+    load = replay_load(args, loaded, cm_before, log, tick)
     probe.take()  # the load's probes are in load["real"].probes, with their times
+    for _ in units:  # what the load left of those rounds
+        pass
     after = measure(args.rounds_after)
-    merged = merge_rounds(before + after)
-    rep["rounds"] = {"before": len(before), "after": len(after)}
-    rep["round_speeds"] = round_speeds(before + after, merged)
+    merged = merge_rounds(before + during + after)
+    rep["rounds"] = {"before": len(before), "during": len(during), "after": len(after),
+                     "ticks_per_unit_during": per_unit}
+    rep["round_speeds"] = round_speeds(before + during + after, merged)
     ref = [t for r in probes for t in r]
     on_load = load["real"].probes
     profile = speed_profile(on_load, ref) if ref and on_load else ()
@@ -486,7 +524,7 @@ def main(argv=None) -> int:
                     "round_speeds": [relative_speed(r, ref) for r in probes] if ref else [],
                     "load_speed_mean": statistics.fmean(s for _, s in on_load) / statistics.median(ref) if profile else None,
                     "load_profile": profile}
-    rep["points_by_round"] = [[p.to_json() for p in points] for points in before + after]
+    rep["points_by_round"] = [[p.to_json() for p in points] for points in before + during + after]
     cm, rep["calibration"] = fit_cost_model(args, loaded, [p for p in merged if not is_held_out(p, args)], log)
     rep["calibration"].pop("points", None)
     rep["steps"] = [] if args.skip_step_check else check_steps([p for p in merged if is_held_out(p, args)], cm)

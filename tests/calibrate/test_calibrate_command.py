@@ -111,3 +111,28 @@ def test_decode_sweep_rotates_batches_and_rounds_merge_by_median(tiny_llama_dir)
     assert m.spread == pytest.approx((0.030 - 0.010) / 0.012)
     with pytest.raises(ValueError, match="different points"):
         merge_rounds([[a], [dataclasses.replace(a, num_decodes=8)]])
+
+
+def test_sweep_units_spread_the_sweep_and_measure_what_measure_sweep_does(tiny_llama_dir):
+    """sweep_units yields once per decode round and prefill pass (what a load test interleaves
+    with its own steps), and leaves behind the same points, in the same order, as measure_sweep."""
+    from fastmode.calibrate.measure import SweepConfig, measure_sweep, sweep_units, units_per_sweep
+    from fastmode.loader import load_model
+
+    loaded = load_model(str(tiny_llama_dir), "float32")
+    sweep = SweepConfig(batches=(1, 3), contexts=(16,), chunk_sizes=(8,), prefill_tokens_per_size=16, repeats=3,
+                        warmup=1, prefill_repeats=2, num_threads=1)
+    assert units_per_sweep(sweep) == (1 + 3) + (2 + 1)
+    points: list = []
+    units = sweep_units(loaded, sweep, points=points)
+    n = 0
+    for _ in units:
+        n += 1
+        assert points == []  # filled only once the whole sweep has run
+    assert n == units_per_sweep(sweep)
+    calls = []
+    direct = measure_sweep(loaded, sweep, between=lambda: calls.append(1))
+    assert len(calls) == n
+    key = lambda p: (p.kind, p.num_decodes, p.prefill_tokens, p.prefill_context)  # noqa: E731
+    assert [key(p) for p in points] == [key(p) for p in direct] and all(p.step_s > 0 for p in points)
+    assert {p.num_samples for p in points if p.kind == "decode"} == {3}

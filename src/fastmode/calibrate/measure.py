@@ -31,7 +31,7 @@ import dataclasses
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from fastmode.calibrate.points import StepPoint
@@ -197,19 +197,38 @@ class _PrefillSweep:
         return points
 
 
-def measure_sweep(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None,
-                  between: Callable[[], object] | None = None) -> list[StepPoint]:
-    """Every decode point (contexts x batches), then every prefill point (chunk sizes x contexts),
-    measured interleaved as the module docstring describes. `between`, if given, runs after each
-    decode round and prefill pass (a speed probe sampling the same minutes: calibrate.probe)."""
+def sweep_units(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None,
+                points: list[StepPoint] | None = None) -> Iterator[None]:
+    """The sweep of measure_sweep, one unit (a decode round or a prefill pass) per iteration, so
+    that a caller can spread it over other work (benchmarks/sim_validation.py runs it during a load
+    test, between the load's steps). Building the engines is part of the first unit. When the
+    iteration ends, the measured points have been appended to `points`."""
     grid = _DecodeGrid(loaded, sweep, progress)
     prefill = _PrefillSweep(loaded, sweep) if sweep.chunk_sizes else None
     decode_rounds, prefill_passes = sweep.warmup + sweep.repeats, sweep.prefill_repeats + 1 if prefill else 0
     for r in range(max(decode_rounds, prefill_passes)):
         if r < decode_rounds:
             grid.round(r)
+            yield
         if r < prefill_passes:
             prefill.pass_(r)
+            yield
+    if points is not None:
+        points += grid.points(progress) + (prefill.points(progress) if prefill else [])
+
+
+def units_per_sweep(sweep: SweepConfig) -> int:
+    """How many units sweep_units yields."""
+    return sweep.warmup + sweep.repeats + (sweep.prefill_repeats + 1 if sweep.chunk_sizes else 0)
+
+
+def measure_sweep(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None,
+                  between: Callable[[], object] | None = None) -> list[StepPoint]:
+    """Every decode point (contexts x batches), then every prefill point (chunk sizes x contexts),
+    measured interleaved as the module docstring describes. `between`, if given, runs after each
+    decode round and each prefill pass (a speed probe sampling the same minutes: calibrate.probe)."""
+    points: list[StepPoint] = []
+    for _ in sweep_units(loaded, sweep, progress, points):
         if between is not None:
             between()
-    return grid.points(progress) + (prefill.points(progress) if prefill else [])
+    return points
