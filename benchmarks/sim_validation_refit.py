@@ -1,0 +1,77 @@
+"""Re-fit a saved validation run on a chosen subset of its measurement rounds, and compare
+the tiers again. A diagnostic: no engine runs, only the fit and the simulator.
+
+    python benchmarks/sim_validation_refit.py runs/sim_validation-s12g.json --rounds during
+    python benchmarks/sim_validation_refit.py runs/sim_validation-s12g.json --rounds 0,3
+
+benchmarks/sim_validation.py keeps every round's points (`points_by_round`, in the order
+before, during, after) and the load's real per-tier figures. The cost model is fitted, as that
+script does, to the calibration points' medians over the chosen rounds (held-out points left
+out), and the same seeded workload is simulated with the load's scheduler config. Which
+rounds to trust is a choice to make before looking at the answer; this shows what each gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def choose_rounds(spec: str, rounds: dict) -> list[int]:
+    nb, nd, na = rounds["before"], rounds.get("during", 0), rounds["after"]
+    named = {"all": range(nb + nd + na), "during": range(nb, nb + nd), "around": [*range(nb), *range(nb + nd, nb + nd + na)]}
+    picked = list(named[spec]) if spec in named else [int(x) for x in spec.split(",")]
+    if not picked or any(not 0 <= i < nb + nd + na for i in picked):
+        raise SystemExit(f"--rounds {spec!r}: this run has rounds 0-{nb + nd + na - 1} ({nb} before, {nd} during, "
+                         f"{na} after); none chosen, or out of range")
+    return picked
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("run", help="a JSON written by benchmarks/sim_validation.py (session 12 or later)")
+    p.add_argument("--rounds", default="during", help="all, during, around (before and after), or indices like 0,3")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).parent))
+    import sim_validation as sv
+
+    from fastmode.calibrate.points import StepPoint
+    from fastmode.calibrate.run import merge_rounds
+    from fastmode.engine.scheduler import SchedulerConfig
+    from fastmode.loader import load_model
+    from fastmode.sim.report import summarize
+    from fastmode.sim.simulator import SimConfig, simulate
+
+    rep = json.loads(Path(args.run).read_text())
+    if "points_by_round" not in rep or "rounds" not in rep:
+        raise SystemExit(f"{args.run}: no per-round points (not a sim_validation.py run)")
+    picked = choose_rounds(args.rounds, rep["rounds"])
+    per_round = [[StepPoint.from_json(d) for d in rep["points_by_round"][i]] for i in picked]
+    vargs = sv.parse_args(["--rate", str(rep["load"]["rate_per_s"])])
+    merged = merge_rounds(per_round)
+    loaded = load_model(vargs.model, rep.get("dtype", "auto"))
+    log = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    cm, _ = sv.fit_cost_model(vargs, loaded, [q for q in merged if not sv.is_held_out(q, vargs)], log, final=False)
+    sched = SchedulerConfig(**rep["load"]["scheduler"])
+    workload, _ = sv.make_workload(vargs, cm, sched, 1.0, log)
+    if len(workload) != rep["load"]["num_requests"]:
+        raise SystemExit(f"regenerated {len(workload)} requests, the run replayed {rep['load']['num_requests']}: "
+                         "its workload options differ from this script's defaults")
+    sim_t = summarize(simulate(workload, cm, SimConfig(sched)).requests)  # prices do not move TTFT or TPOT
+    steps = sv.check_steps([q for q in merged if sv.is_held_out(q, vargs)], cm)
+    print(f"{args.run}: fitted to rounds {picked} of {rep['rounds']}")
+    print("  held-out steps: worst " + (f"{max(abs(r['error']) for r in steps):.1%}" if steps else "-"))
+    worst = 0.0
+    for t, r in rep["load"]["tiers"].items():
+        e_ttft = (sim_t[t].ttft_mean_s - r["real"]["ttft_mean_s"]) / r["real"]["ttft_mean_s"]
+        e_tpot = (sim_t[t].tpot_mean_s - r["real"]["tpot_mean_s"]) / r["real"]["tpot_mean_s"]
+        worst = max(worst, abs(e_ttft), abs(e_tpot))
+        print(f"  {t:<9} TTFT {e_ttft:+.1%}  TPOT {e_tpot:+.1%}")
+    print(f"  tier max |error| {worst:.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
