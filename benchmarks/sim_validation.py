@@ -45,6 +45,7 @@ Prints a table with the machine and writes everything as JSON (--out).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -236,8 +237,9 @@ def drift_tracking(priced, probes: list[tuple[float, float]], ref: float, window
     return {"window_s": window_s, "windows": pairs, "correlation": r}
 
 
-def step_errors_in_situ(real, cm) -> dict:
-    """The cost model's error on the steps the real engine took under load, by kind of step.
+def step_errors_in_situ(priced) -> dict:
+    """The cost model's error on the steps the real engine took under load (`priced`: from
+    steps_priced), by kind of step.
 
     This separates the cost model's error from scheduling feedback: the same composition of
     prefill chunks and decodes, measured vs predicted, step by step. `error_in_window` takes
@@ -245,7 +247,6 @@ def step_errors_in_situ(real, cm) -> dict:
     (`window_s` of load) measured over predicted time, all kinds together, so what is left is
     how each kind's cost stands against the others', the cost model's shape under this load.
     """
-    priced = steps_priced(real, cm)
     window_s = 15.0
     pace: dict[int, list[float]] = {}
     for _, end_s, m, p in priced:
@@ -264,15 +265,14 @@ def step_errors_in_situ(real, cm) -> dict:
     return out
 
 
-def sampling_band(workload, real, cm, sched, usd, seeds: int = 8) -> dict:
+def sampling_band(workload, priced, cm, sched, usd, seeds: int = 8) -> dict:
     """How far per-tier means move by chance alone: the load simulated `seeds` times with each
     step's time spread as the engine's own steps spread around the cost model's price (their
     coefficient of variation, in situ). A diagnostic, not the verdict."""
     from fastmode.sim.report import summarize
     from fastmode.sim.simulator import SimConfig, simulate
 
-    ratios = [measured / cm.step_cost(chunks, contexts).total_s
-              for (chunks, contexts), (_, measured, _) in zip(real.shapes, real.steps) if chunks or contexts]
+    ratios = [measured / predicted for _, _, measured, predicted in priced]
     mean = statistics.fmean(ratios)
     cv = statistics.pstdev(ratios) / mean
     runs = [summarize(simulate(workload, cm, SimConfig(sched, usd, step_jitter_cv=cv, jitter_seed=k)).requests)
@@ -334,7 +334,8 @@ def compare_load(load: dict, cm, profile: tuple = ()) -> dict:
     workload, real, sched, usd = load["workload"], load["real"], load["sched"], load["usd"]
     sim = simulate(workload, cm, SimConfig(sched, usd))
     real_t = summarize(real.requests)
-    in_situ = step_errors_in_situ(real, cm)
+    priced = steps_priced(real, cm)
+    in_situ = step_errors_in_situ(priced)
     measured = sum(g["measured_mean_s"] * g["num_steps"] for g in in_situ.values())
     predicted = sum(g["predicted_mean_s"] * g["num_steps"] for g in in_situ.values())
     during = measured / predicted if predicted > 0 else 1.0
@@ -346,9 +347,9 @@ def compare_load(load: dict, cm, profile: tuple = ()) -> dict:
         at_probe = {"tiers": tier_errors(real_t, summarize(sim_p.requests))}
     return {"rate_per_s": load["rate"], "num_requests": len(workload), "tiers": tiers, "at_probe_speed": at_probe,
             "at_in_situ_speed": {"factor": during, "tiers": tier_errors(real_t, summarize(at_speed.requests))},
-            "sampling_band": sampling_band(workload, real, cm, sched, usd),
+            "sampling_band": sampling_band(workload, priced, cm, sched, usd),
             "steps_in_situ": in_situ,
-            "steps_priced": [[k, round(e, 4), round(m, 6), round(p, 6)] for k, e, m, p in steps_priced(real, cm)],
+            "steps_priced": [[k, round(e, 4), round(m, 6), round(p, 6)] for k, e, m, p in priced],
             "real": {"makespan_s": real.makespan_s, "busy_s": real.busy_s, "num_steps": real.num_steps,
                      "mean_step_s": statistics.fmean(s[1] for s in real.steps), "mean_lateness_s": real.mean_lateness_s},
             "sim": {"makespan_s": sim.makespan_s, "busy_s": sim.busy_s, "num_steps": sim.num_steps,
@@ -415,7 +416,8 @@ def print_report(rep: dict) -> None:
     if pr["round_speeds"]:
         prof = [f for _, f in pr["load_profile"]]
         tenths = [prof[min(len(prof) - 1, k * len(prof) // 10)] for k in range(10)] if prof else []
-        print(f"  drift, the probe ({pr['batch']} x {pr['prompt_tokens']}-token prefill + {pr['decode_steps']} decodes) "
+        print(f"  drift, the probe ({pr['batch']} x {pr['prompt_tokens']}-token prefill + {pr['decode_steps']} decodes, "
+              f"median {statistics.median(t for r in pr['rounds_s'] for t in r) * 1e3:.0f} ms in the rounds) "
               "over its median in the rounds, by round: " + " ".join(f"{x:.3f}" for x in pr["round_speeds"][:nb])
               + " | load, by tenths: " + " ".join(f"{x:.2f}" for x in tenths) + " | "
               + " ".join(f"{x:.3f}" for x in pr["round_speeds"][nb:]))
@@ -497,13 +499,12 @@ def main(argv=None) -> int:
     units = during_units()
     per_unit = max(1, round(args.duration_s / max(1, args.rounds_during * units_per_sweep(
         sweep_config(args, contexts, chunks, 1))) / args.probe_every_s))
-    ticks = [0]
+    ticks = itertools.count(1)
 
     def tick() -> float:
         """Every --probe-every-s of load: the probe; every `per_unit` ticks, the next unit of the
         rounds measured during the load."""
-        ticks[0] += 1
-        if args.rounds_during and ticks[0] % per_unit == 0:
+        if next(ticks) % per_unit == 0:
             next(units, None)
         return probe()
 
@@ -530,8 +531,7 @@ def main(argv=None) -> int:
     rep["steps"] = [] if args.skip_step_check else check_steps([p for p in merged if is_held_out(p, args)], cm)
     rep["load"] = compare_load(load, cm, profile)
     if profile:
-        priced = steps_priced(load["real"], cm)
-        rep["probe"]["tracking"] = drift_tracking(priced, on_load, statistics.median(ref))
+        rep["probe"]["tracking"] = drift_tracking(rep["load"]["steps_priced"], on_load, statistics.median(ref))
     rep["machine"]["load_avg_end"] = os.getloadavg()
     step_err = max((abs(r["error"]) for r in rep["steps"]), default=float("nan"))
     tier_max = lambda tiers: max(max(abs(r["ttft_error"]), abs(r["tpot_error"])) for r in tiers.values())  # noqa: E731

@@ -9,6 +9,8 @@ before, during, after) and the load's real per-tier figures. The cost model is f
 script does, to the calibration points' medians over the chosen rounds (held-out points left
 out), and the same seeded workload is simulated with the load's scheduler config. Which
 rounds to trust is a choice to make before looking at the answer; this shows what each gives.
+It also prints the run's own in-situ table (its fit on the load's steps, with the drift taken
+out window by window) from the saved `load.steps_priced`, for runs that saved it.
 """
 
 from __future__ import annotations
@@ -65,11 +67,15 @@ def main(argv=None) -> int:
     print("  held-out steps: worst " + (f"{max(abs(r['error']) for r in steps):.1%}" if steps else "-"))
     worst = 0.0
     for t, r in rep["load"]["tiers"].items():
-        e_ttft = (sim_t[t].ttft_mean_s - r["real"]["ttft_mean_s"]) / r["real"]["ttft_mean_s"]
-        e_tpot = (sim_t[t].tpot_mean_s - r["real"]["tpot_mean_s"]) / r["real"]["tpot_mean_s"]
+        e_ttft = sv.err(sim_t[t].ttft_mean_s, r["real"]["ttft_mean_s"])
+        e_tpot = sv.err(sim_t[t].tpot_mean_s, r["real"]["tpot_mean_s"])
         worst = max(worst, abs(e_ttft), abs(e_tpot))
         print(f"  {t:<9} TTFT {e_ttft:+.1%}  TPOT {e_tpot:+.1%}")
     print(f"  tier max |error| {worst:.1%}")
+    if "steps_priced" in rep["load"]:  # the run's own fit on the load's steps (this refit does not re-price them)
+        print("  in situ, the run's own fit: error, and error with the drift taken out (15 s windows)")
+        for kind, r in sv.step_errors_in_situ(rep["load"]["steps_priced"]).items():
+            print(f"    {kind:<16}{r['num_steps']:>5} steps  {r['error']:+.1%}  {r['error_in_window']:+.1%}")
     return 0
 
 

@@ -205,7 +205,7 @@ def sweep_units(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = la
     iteration ends, the measured points have been appended to `points`."""
     grid = _DecodeGrid(loaded, sweep, progress)
     prefill = _PrefillSweep(loaded, sweep) if sweep.chunk_sizes else None
-    decode_rounds, prefill_passes = sweep.warmup + sweep.repeats, sweep.prefill_repeats + 1 if prefill else 0
+    decode_rounds, prefill_passes = _unit_counts(sweep)
     for r in range(max(decode_rounds, prefill_passes)):
         if r < decode_rounds:
             grid.round(r)
@@ -217,9 +217,14 @@ def sweep_units(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = la
         points += grid.points(progress) + (prefill.points(progress) if prefill else [])
 
 
+def _unit_counts(sweep: SweepConfig) -> tuple[int, int]:
+    """(decode rounds, prefill passes) of a sweep: the warm-up ones included."""
+    return sweep.warmup + sweep.repeats, sweep.prefill_repeats + 1 if sweep.chunk_sizes else 0
+
+
 def units_per_sweep(sweep: SweepConfig) -> int:
     """How many units sweep_units yields."""
-    return sweep.warmup + sweep.repeats + (sweep.prefill_repeats + 1 if sweep.chunk_sizes else 0)
+    return sum(_unit_counts(sweep))
 
 
 def measure_sweep(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None,

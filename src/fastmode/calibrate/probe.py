@@ -12,7 +12,7 @@ One probe: `batch` prompts of `prompt_tokens` fixed tokens, prefilled in one ste
 prefill and memory-bound decodes, the two kinds of step a served load spends its time in.
 The requests then finish (max_tokens = decode_steps + 1) and free their blocks, and prefix
 caching is off, so every probe computes the same thing. The default, 2 x 16 tokens and 3
-decodes, takes ~0.15 s on a 2-vCPU VM (SmolLM2-135M, one thread).
+decodes, takes ~0.2 s on a 2-vCPU VM (SmolLM2-135M, one thread).
 The engine shares the loaded weights with whatever engine it sits beside and has its own
 scheduler and KV cache: probing changes no other engine's state.
 """
