@@ -8,8 +8,8 @@
    --rounds-during, --rounds-after; 1, 2, 1): each round is `fastmode calibrate`'s
    sweep (decode batches 1-64 at contexts 32, 128, 512; prefill chunks 32, 128, 512)
    plus held-out points it does not fit (decode at context 256, prefill chunks of
-   256), interleaved, the batch sizes taking turns. Each point keeps its median over
-   all rounds. The rounds during the load run one unit (a decode round or a prefill
+   256), interleaved, the batch sizes taking turns. Each point keeps the mean of its
+   timed steps over all rounds (and their median, for the diagnostic below). The rounds during the load run one unit (a decode round or a prefill
    pass, 2-5 s) at a time between the load's steps, with the load's clock stopped,
    spread over its duration.
    Why: this VM's speed drifts by 10-30% within minutes, in spells of 15-30 s.
@@ -176,7 +176,7 @@ def check_steps(held_out, cm) -> list[dict]:
 
 
 def round_speeds(per_round, merged) -> list[float]:
-    """Each round's speed: the median over points of its step time / the merged median (1.10 = 10% slower)."""
+    """Each round's speed: the median over points of its step time / the merged one (1.10 = 10% slower)."""
     return [statistics.median(p.step_s / m.step_s for p, m in zip(points, merged)) for points in per_round]
 
 
@@ -298,6 +298,35 @@ def tier_errors(real_t: dict, sim_t: dict) -> dict:
     return out
 
 
+def tails(points, priced) -> dict:
+    """How far each step's mean sits above its median: over the calibration points (mean /
+    median of each point's timed steps, the median over points), and over the load's steps
+    (measured / predicted: mean and median). Up to session 12 the points kept medians, and the
+    load's steps, which the simulator adds up, ran 3.6-10.6% above the fit in every run."""
+    ratios = [p.step_s / p.median_s for p in points if p.median_s > 0]
+    load = [m / q for _, _, m, q in priced]
+    return {"points_mean_over_median": statistics.median(ratios) if ratios else None,
+            "load_measured_over_predicted": {"mean": statistics.fmean(load), "median": statistics.median(load),
+                                             "total": sum(m for *_, m, _ in priced) / sum(q for *_, q in priced)}}
+
+
+def at_medians(points) -> list:
+    """The points with each one's median step time in place of its mean (how the cost model was
+    fitted until session 13)."""
+    import dataclasses
+
+    return [dataclasses.replace(p, step_s=p.median_s) for p in points if p.median_s > 0]
+
+
+def simulated_tiers(load: dict, cm) -> dict:
+    """Per-tier errors of the replayed load simulated with `cm`."""
+    from fastmode.sim.report import summarize
+    from fastmode.sim.simulator import SimConfig, simulate
+
+    sim = simulate(load["workload"], cm, SimConfig(load["sched"], load["usd"]))
+    return tier_errors(summarize(load["real"].requests), summarize(sim.requests))
+
+
 def slowed(cm, factor: float):
     import dataclasses
 
@@ -409,7 +438,7 @@ def print_report(rep: dict) -> None:
               f"predicted {r['predicted_mean_s'] * 1e3:7.1f} ms  {r['error']:+.1%}  {r['error_in_window']:+.1%}")
     speeds = rep["round_speeds"]
     nb, nd = rep["rounds"]["before"], rep["rounds"].get("during", 0)
-    print("  drift: each round's step times over the merged medians (median over points): "
+    print("  drift: each round's step times over the merged points' (median over points): "
           + " ".join(f"{x:.3f}" for x in speeds[:nb]) + " | during the load: "
           + " ".join(f"{x:.3f}" for x in speeds[nb:nb + nd]) + " | " + " ".join(f"{x:.3f}" for x in speeds[nb + nd:]))
     pr = rep["probe"]
@@ -427,6 +456,18 @@ def print_report(rep: dict) -> None:
               f"probe: correlation {tr['correlation']:.2f} over {len(tr['windows'])} windows; steps "
               + " ".join(f"{a:.2f}" for _, a, _ in tr["windows"]) + "; probe "
               + " ".join(f"{b:.2f}" for _, _, b in tr["windows"]))
+    T = rep.get("tails")
+    if T:
+        ld = T["load_measured_over_predicted"]
+        print(f"  tails: a calibration point's mean step over its median: x{T['points_mean_over_median']:.3f} (median "
+              f"over points); the load's steps, measured / predicted: total x{ld['total']:.3f}, mean x{ld['mean']:.3f}, "
+              f"median x{ld['median']:.3f}")
+    M = rep.get("fit_on_medians")
+    if M:
+        worst = max((abs(r["error"]) for r in M["steps"]), default=float("nan"))
+        print(f"  diagnostic, fitted to the points' medians (the method until session 13): held-out steps worst "
+              f"{worst:.1%}; " + ", ".join(f"{t} TTFT {r['ttft_error']:+.1%} TPOT {r['tpot_error']:+.1%}"
+                                           for t, r in M["tiers"].items()))
     v = rep["verdict"]
     ok = lambda b: "PASS" if b else "FAIL"  # noqa: E731
     print(f"\nstep max |error| {v['step_max_abs_error']:.1%} ({ok(v['steps_pass'])}), "
@@ -530,6 +571,12 @@ def main(argv=None) -> int:
     rep["calibration"].pop("points", None)
     rep["steps"] = [] if args.skip_step_check else check_steps([p for p in merged if is_held_out(p, args)], cm)
     rep["load"] = compare_load(load, cm, profile)
+    cal_points = [p for p in merged if not is_held_out(p, args)]
+    rep["tails"] = tails(cal_points, rep["load"]["steps_priced"])
+    if not args.calibration and len(at_medians(cal_points)) == len(cal_points):  # a paired diagnostic: same data
+        cm_med, _ = fit_cost_model(args, loaded, at_medians(cal_points), log, final=False)
+        held = at_medians([p for p in merged if is_held_out(p, args)])
+        rep["fit_on_medians"] = {"steps": check_steps(held, cm_med), "tiers": simulated_tiers(load, cm_med)}
     if profile:
         rep["probe"]["tracking"] = drift_tracking(rep["load"]["steps_priced"], on_load, statistics.median(ref))
     rep["machine"]["load_avg_end"] = os.getloadavg()

@@ -6,8 +6,12 @@ the tiers again. A diagnostic: no engine runs, only the fit and the simulator.
 
 benchmarks/sim_validation.py keeps every round's points (`points_by_round`, in the order
 before, during, after) and the load's real per-tier figures. The cost model is fitted, as that
-script does, to the calibration points' medians over the chosen rounds (held-out points left
-out), and the same seeded workload is simulated with the load's scheduler config. Which
+script does, to the calibration points over the chosen rounds (held-out points left out): their
+mean step times, as that script fits them, or with `--estimator median` their medians, as it did
+until session 13 (runs from before then saved medians only). The same seeded workload is then
+simulated with the load's scheduler config. (For a run from before session 13, `--rounds all`
+therefore averages its four rounds' medians where that run took their median, and its figures
+move a little; two rounds' median and mean are the same.) Which
 rounds to trust is a choice to make before looking at the answer; this shows what each gives.
 It also prints the run's own in-situ table (its fit on the load's steps, with the drift taken
 out window by window) from the saved `load.steps_priced`, for runs that saved it.
@@ -35,6 +39,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run", help="a JSON written by benchmarks/sim_validation.py (session 12 or later)")
     p.add_argument("--rounds", default="during", help="all, during, around (before and after), or indices like 0,3")
+    p.add_argument("--estimator", default="mean", choices=["mean", "median"],
+                   help="fit each point's mean step time (default) or its median (needs a run from session 13 on)")
     args = p.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent))
     import sim_validation as sv
@@ -53,6 +59,11 @@ def main(argv=None) -> int:
     per_round = [[StepPoint.from_json(d) for d in rep["points_by_round"][i]] for i in picked]
     vargs = sv.parse_args(["--rate", str(rep["load"]["rate_per_s"])])
     merged = merge_rounds(per_round)
+    if args.estimator == "median":
+        if any(q.median_s <= 0 for q in merged):
+            raise SystemExit(f"{args.run}: its points saved no medians beside their means (a run from before session "
+                             "13, whose step_s are medians already): use --estimator mean")
+        merged = sv.at_medians(merged)
     loaded = load_model(vargs.model, rep.get("dtype", "auto"))
     log = lambda s: print(s, file=sys.stderr)  # noqa: E731
     cm, _ = sv.fit_cost_model(vargs, loaded, [q for q in merged if not sv.is_held_out(q, vargs)], log, final=False)
@@ -63,7 +74,7 @@ def main(argv=None) -> int:
                          "its workload options differ from this script's defaults")
     sim_t = summarize(simulate(workload, cm, SimConfig(sched)).requests)  # prices do not move TTFT or TPOT
     steps = sv.check_steps([q for q in merged if sv.is_held_out(q, vargs)], cm)
-    print(f"{args.run}: fitted to rounds {picked} of {rep['rounds']}")
+    print(f"{args.run}: fitted to the {args.estimator}s of rounds {picked} of {rep['rounds']}")
     print("  held-out steps: worst " + (f"{max(abs(r['error']) for r in steps):.1%}" if steps else "-"))
     worst = 0.0
     for t, r in rep["load"]["tiers"].items():

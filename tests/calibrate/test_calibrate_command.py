@@ -83,12 +83,12 @@ def test_cpu_clock_needs_one_thread_and_skips_idle_time(tiny_llama_dir):
     assert all(0 < m.ttft_s < 5.0 for m in result.requests)
 
 
-def test_decode_sweep_rotates_batches_and_rounds_merge_by_median(tiny_llama_dir):
+def test_decode_sweep_rotates_batches_and_rounds_merge_by_mean(tiny_llama_dir):
     """Every batch size is measured in every round (the engine really ran B sequences: the sweep
-    raises otherwise), rounds keep each point's median, and points line up across rounds."""
+    raises otherwise), rounds merge into the mean of all their steps, and points line up across rounds."""
     import dataclasses
 
-    from fastmode.calibrate.measure import SweepConfig
+    from fastmode.calibrate.measure import SweepConfig, _point_stats
     from fastmode.calibrate.points import StepPoint
     from fastmode.calibrate.run import measure_interleaved, merge_rounds
     from fastmode.loader import load_model
@@ -104,11 +104,19 @@ def test_decode_sweep_rotates_batches_and_rounds_merge_by_median(tiny_llama_dir)
     assert all(16 <= p.decode_context <= 16 + 4 * 3 for p in decodes)
     assert [p.prefill_context for p in points if p.kind == "prefill"] == [0, 8]
 
-    a = StepPoint("decode", 0.010, num_decodes=4, decode_context=100.0, num_samples=5, spread=0.1)
-    rounds = [[dataclasses.replace(a, step_s=t, decode_context=c)] for t, c in ((0.010, 100), (0.030, 102), (0.012, 104))]
+    assert all(p.median_s > 0 for p in points)
+    # A point keeps its timed steps' mean as step_s (what a simulation adds up), their median beside it.
+    assert _point_stats([0.010, 0.010, 0.010, 0.040]) == {"step_s": 0.0175, "median_s": 0.010, "spread": 3.0}
+    a = StepPoint("decode", 0.010, num_decodes=4, decode_context=100.0, num_samples=5, spread=0.1, median_s=0.009)
+    rounds = [[dataclasses.replace(a, step_s=t, median_s=md, decode_context=c, num_samples=n)]
+              for t, md, c, n in ((0.010, 0.009, 100, 5), (0.030, 0.020, 102, 10), (0.012, 0.011, 104, 5))]
     (m,) = merge_rounds(rounds)
-    assert m.step_s == 0.012 and m.decode_context == 102.0 and m.num_samples == 15
-    assert m.spread == pytest.approx((0.030 - 0.010) / 0.012)
+    # The mean of all 20 steps: a round in a slow spell counts by its samples, as the load's steps would.
+    assert m.step_s == pytest.approx((0.010 * 5 + 0.030 * 10 + 0.012 * 5) / 20)
+    assert m.median_s == 0.011 and m.decode_context == 102.0 and m.num_samples == 20
+    assert m.spread == pytest.approx((0.030 - 0.010) / m.step_s)
+    (old_file,) = merge_rounds([[dataclasses.replace(a, median_s=0.0)], [a]])  # a point saved before median_s
+    assert old_file.median_s == 0.0 and old_file.step_s == 0.010
     with pytest.raises(ValueError, match="different points"):
         merge_rounds([[a], [dataclasses.replace(a, num_decodes=8)]])
 

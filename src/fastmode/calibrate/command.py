@@ -45,9 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="decode batch sizes, comma-separated (12: just above the kernel switch at 8)")
     p.add_argument("--contexts", type=_ints, default=(32, 128, 512), help="decode context lengths (tokens)")
     p.add_argument("--chunks", type=_ints, default=(32, 128, 512), help="prefill chunk sizes (tokens)")
-    p.add_argument("--repeats", type=int, default=5, help="timed steps per point (median kept)")
+    p.add_argument("--repeats", type=int, default=5, help="timed steps per point (their mean is fitted)")
     p.add_argument("--rounds", type=int, default=1,
-                   help="passes over the whole sweep, each point's median kept over them: on a shared machine "
+                   help="passes over the whole sweep, each point's steps averaged over them: on a shared machine "
                         "whose speed drifts, 2-4 spread a slow spell over every point (default 1)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--clock", default="wall", choices=["wall", "cpu"],

@@ -19,7 +19,8 @@ round; a step at batch B runs with the scheduler's sequence cap set to B (the
 other sequences stay resident, paused, and the least recently served go first,
 so every sequence's context grows alike). A prefill pass prefills one prompt
 per chunk size, in rotating order. `warmup` decode rounds and the first prefill
-pass are untimed; medians are kept. Everything a sweep measures is thus spread
+pass are untimed; each point keeps the mean of its timed steps (the expected
+step, which the simulator adds up) and their median. Everything a sweep measures is thus spread
 over the same minutes: on a shared machine whose speed drifts by 10-30% within
 a minute, measuring one point after another would turn that drift into
 differences between the points.
@@ -55,9 +56,9 @@ class SweepConfig:
     contexts: tuple[int, ...] = (32, 128, 512)  # 32: short chats, where attention cost flattens out
     chunk_sizes: tuple[int, ...] = (32, 128, 512)
     prefill_tokens_per_size: int = 512  # prompt length cap per chunk size (k = this // n, 1..4)
-    repeats: int = 5  # timed steps per point; the median is kept
+    repeats: int = 5  # timed steps per point; their mean (and median) is kept
     warmup: int = 1  # untimed decode rounds (one step per batch size) before the timed ones
-    rounds: int = 1  # passes over every context and chunk size (run.measure_interleaved); medians merged
+    rounds: int = 1  # passes over every context and chunk size (run.measure_interleaved), merged
     prefill_repeats: int = 2
     max_prefill_tokens_per_step: int = 8192  # admits a decode sweep's prompts in few steps
     num_threads: int | None = None  # torch threads (None = the engine's default)
@@ -77,9 +78,10 @@ class SweepConfig:
             raise ValueError("clock 'cpu' needs num_threads = 1: process CPU time sums every thread's time")
 
 
-def _median_point(times: list[float]) -> tuple[float, float]:
+def _point_stats(times: list[float]) -> dict[str, float]:
+    """StepPoint's step_s (the mean), median_s and spread of a point's timed steps."""
     med = statistics.median(times)
-    return med, (max(times) - min(times)) / med
+    return {"step_s": statistics.fmean(times), "median_s": med, "spread": (max(times) - min(times)) / med}
 
 
 def sweep_engine(loaded: LoadedModel, sweep: SweepConfig, max_seqs: int, budget: int, tokens: int,
@@ -153,10 +155,11 @@ class _DecodeGrid:
     def points(self, progress: Progress) -> list[StepPoint]:
         points = []
         for ctx, b in self.pairs:
-            med, spread = _median_point(self.times[ctx, b])
-            points.append(StepPoint("decode", med, num_decodes=b, decode_context=statistics.fmean(self.contexts[ctx, b]),
-                                    num_samples=len(self.times[ctx, b]), spread=spread))
-            progress(f"decode batch {b:>3} context {ctx:>5}: {med * 1e3:8.2f} ms (spread {spread:.0%})")
+            st = _point_stats(self.times[ctx, b])
+            points.append(StepPoint("decode", num_decodes=b, decode_context=statistics.fmean(self.contexts[ctx, b]),
+                                    num_samples=len(self.times[ctx, b]), **st))
+            progress(f"decode batch {b:>3} context {ctx:>5}: {st['step_s'] * 1e3:8.2f} ms mean, "
+                     f"{st['median_s'] * 1e3:8.2f} ms median (spread {st['spread']:.0%})")
         return points
 
 
@@ -190,10 +193,10 @@ class _PrefillSweep:
         points = []
         for n in self.sizes:
             for ctx, times in sorted(self.by_ctx[n].items()):
-                med, spread = _median_point(times)
-                points.append(StepPoint("prefill", med, prefill_tokens=n, prefill_context=ctx,
-                                        num_samples=len(times), spread=spread))
-                progress(f"prefill chunk {n:>4} after {ctx:>5}: {med * 1e3:8.2f} ms (spread {spread:.0%})")
+                st = _point_stats(times)
+                points.append(StepPoint("prefill", prefill_tokens=n, prefill_context=ctx, num_samples=len(times), **st))
+                progress(f"prefill chunk {n:>4} after {ctx:>5}: {st['step_s'] * 1e3:8.2f} ms mean, "
+                         f"{st['median_s'] * 1e3:8.2f} ms median (spread {st['spread']:.0%})")
         return points
 
 

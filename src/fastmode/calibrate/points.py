@@ -1,5 +1,12 @@
 """A measured engine step, in the terms the cost model prices. No torch.
 
+`step_s` is the mean of the timed steps, not their median: the simulator adds
+step times up, so what it needs from each point is the expected step. On the
+2-vCPU VMs fastmode is validated on, a step's time has a right tail (VM exits,
+interrupts, a slow spell caught by one sample) that puts the mean 5-7% above
+the median, and a cost model fitted to medians priced a load's total time that
+much too low (docs/simulator.md, session 13). The median is kept beside it.
+
 A decode point is B sequences each decoding one token at (mean) context c; a
 prefill point is one chunk of n prompt tokens after `prefill_context` tokens
 already in the KV cache. The cost model is linear in each decoding sequence's
@@ -13,16 +20,17 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class StepPoint:
-    """One measured point. `step_s` is the median wall time of `engine.step()`, seconds."""
+    """One measured point. `step_s` is the mean time of `engine.step()` over the timed steps, seconds."""
 
     kind: str  # "decode" or "prefill"
-    step_s: float
+    step_s: float  # mean: what the fit uses
     num_decodes: int = 0
     decode_context: float = 0.0  # mean tokens already in each decoding sequence's KV cache
     prefill_tokens: int = 0
     prefill_context: int = 0  # tokens in the KV cache before this chunk
     num_samples: int = 1  # timed steps behind the median
     spread: float = 0.0  # (max - min) / median of the timed steps: how noisy the machine was
+    median_s: float = 0.0  # median of the timed steps (0: not recorded, as in files before session 13)
 
     def __post_init__(self) -> None:
         if self.kind not in ("decode", "prefill"):

@@ -66,7 +66,7 @@ def choose_split(points: list[StepPoint], kernel_split: int, split_tokens: int |
 
 def measure_interleaved(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[StepPoint]:
     """The whole sweep (decode and prefill points interleaved: measure.measure_sweep), `sweep.rounds`
-    times, each point's median kept over the rounds."""
+    times, merged (merge_rounds)."""
     return merge_rounds(measure_rounds(loaded, sweep, progress))
 
 
@@ -83,8 +83,13 @@ def measure_rounds(loaded: LoadedModel, sweep: SweepConfig, progress: Progress =
 
 
 def merge_rounds(per_round: list[list[StepPoint]]) -> list[StepPoint]:
-    """One point per measured point: the median of its rounds' step times, their mean context and
-    sample count summed; spread becomes the rounds' own (max - min) / median where it is larger."""
+    """One point per measured point: the mean of all its rounds' timed steps (each round's mean
+    weighted by its sample count), the median of the rounds' medians, their mean context and
+    sample count summed; spread becomes the rounds' own (max - min) / mean where it is larger.
+
+    The mean, not a median over rounds: a round that fell in a slow spell of the machine is part
+    of the time the calibration spans, as it is of a load measured in the same span.
+    """
     if len(per_round) == 1:
         return per_round[0]
     merged = []
@@ -92,12 +97,13 @@ def merge_rounds(per_round: list[list[StepPoint]]) -> list[StepPoint]:
         key = {(p.kind, p.num_decodes, p.prefill_tokens, p.prefill_context) for p in same}
         if len(key) != 1:
             raise ValueError(f"rounds measured different points: {sorted(key)}")
-        step_s = statistics.median(p.step_s for p in same)
+        n = sum(p.num_samples for p in same)
+        step_s = sum(p.step_s * p.num_samples for p in same) / n
         between = (max(p.step_s for p in same) - min(p.step_s for p in same)) / step_s
-        merged.append(dataclasses.replace(same[0], step_s=step_s,
+        median_s = statistics.median(p.median_s for p in same) if all(p.median_s > 0 for p in same) else 0.0
+        merged.append(dataclasses.replace(same[0], step_s=step_s, median_s=median_s,
                                           decode_context=statistics.fmean(p.decode_context for p in same),
-                                          num_samples=sum(p.num_samples for p in same),
-                                          spread=max(between, max(p.spread for p in same))))
+                                          num_samples=n, spread=max(between, max(p.spread for p in same))))
     return merged
 
 
