@@ -327,6 +327,25 @@ def simulated_tiers(load: dict, cm) -> dict:
     return tier_errors(summarize(load["real"].requests), summarize(sim.requests))
 
 
+def own_pace(priced, window_s: float) -> tuple:
+    """The pace the engine's own steps ran at over the load, as SimConfig.speed_profile takes it:
+    per `window_s` of load, their measured over predicted time (a window without steps keeps the
+    previous window's pace). Simulating the load at it asks whether the simulator's scheduling and
+    queueing reproduce the tiers once it knows when the machine ran slow or fast: a diagnostic,
+    since the pace is read off the very run it is compared with."""
+    sums: dict[int, list[float]] = {}
+    for _, end_s, m, p in priced:
+        w = sums.setdefault(int(end_s // window_s), [0.0, 0.0])
+        w[0] += m
+        w[1] += p
+    profile, pace = [], 1.0
+    for i in range(max(sums, default=-1) + 1):
+        if i in sums and sums[i][1] > 0:
+            pace = sums[i][0] / sums[i][1]
+        profile.append((i * window_s, pace))
+    return tuple(profile)
+
+
 def slowed(cm, factor: float):
     import dataclasses
 
@@ -370,12 +389,17 @@ def compare_load(load: dict, cm, profile: tuple = ()) -> dict:
     during = measured / predicted if predicted > 0 else 1.0
     tiers = tier_errors(real_t, summarize(sim.requests))
     at_speed = simulate(workload, slowed(cm, during), SimConfig(sched, usd))
+    at_own_pace = {}
+    for window_s in (15.0, 5.0):
+        sim_w = simulate(workload, cm, SimConfig(sched, usd, speed_profile=own_pace(priced, window_s)))
+        at_own_pace[f"{window_s:g}"] = tier_errors(real_t, summarize(sim_w.requests))
     at_probe = None
     if profile:
         sim_p = simulate(workload, cm, SimConfig(sched, usd, speed_profile=profile))
         at_probe = {"tiers": tier_errors(real_t, summarize(sim_p.requests))}
     return {"rate_per_s": load["rate"], "num_requests": len(workload), "tiers": tiers, "at_probe_speed": at_probe,
             "at_in_situ_speed": {"factor": during, "tiers": tier_errors(real_t, summarize(at_speed.requests))},
+            "at_own_pace": at_own_pace,
             "sampling_band": sampling_band(workload, priced, cm, sched, usd),
             "steps_in_situ": in_situ,
             "steps_priced": [[k, round(e, 4), round(m, 6), round(p, 6)] for k, e, m, p in priced],
@@ -426,6 +450,9 @@ def print_report(rep: dict) -> None:
     V = L["at_in_situ_speed"]
     print(f"  diagnostic, simulated at the speed the engine ran during the load (x{V['factor']:.3f}): " + ", ".join(
         f"{t} TTFT {r['ttft_error']:+.1%} TPOT {r['tpot_error']:+.1%}" for t, r in V["tiers"].items()))
+    for window, tiers in L.get("at_own_pace", {}).items():
+        print(f"  diagnostic, at the engine's own pace per {window} s of load (its steps' measured / predicted): "
+              + ", ".join(f"{t} TTFT {r['ttft_error']:+.1%} TPOT {r['tpot_error']:+.1%}" for t, r in tiers.items()))
     B = L["sampling_band"]
     print(f"  diagnostic, chance alone: {B['seeds']} simulations with the engine's step-to-step spread "
           f"(CV {B['cv']:.2f}) put the tiers' means at " + ", ".join(

@@ -2,10 +2,10 @@
 
 `step_s` is the mean of the timed steps, not their median: the simulator adds
 step times up, so what it needs from each point is the expected step. On the
-2-vCPU VMs fastmode is validated on, a step's time has a right tail (VM exits,
-interrupts, a slow spell caught by one sample) that puts the mean 5-7% above
-the median, and a cost model fitted to medians priced a load's total time that
-much too low (docs/simulator.md, session 13). The median is kept beside it.
+shared VMs fastmode is validated on, a step's time has a right tail (VM exits,
+interrupts, a slow spell caught by a few samples), and a cost model fitted to
+medians priced every load of session 12 too low (docs/simulator.md). The
+median is kept beside the mean.
 
 A decode point is B sequences each decoding one token at (mean) context c; a
 prefill point is one chunk of n prompt tokens after `prefill_context` tokens
