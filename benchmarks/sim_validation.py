@@ -219,20 +219,27 @@ def steps_priced(real, cm) -> list[tuple[str, float, float, float]]:
     return out
 
 
+def window_sums(priced, window_s: float) -> dict[int, tuple[float, float]]:
+    """Window index (end_s // window_s) -> (measured, predicted) seconds of the load's steps in it."""
+    sums: dict[int, list[float]] = {}
+    for _, end_s, m, p in priced:
+        w = sums.setdefault(int(end_s // window_s), [0.0, 0.0])
+        w[0] += m
+        w[1] += p
+    return {i: (m, p) for i, (m, p) in sums.items()}
+
+
 def drift_tracking(priced, probes: list[tuple[float, float]], ref: float, window_s: float = 15.0) -> dict:
     """Does the probe see what the load's own steps saw? Per window of the load: the engine's
     measured over predicted step time, beside the probe's mean time over its reference; and the
     correlation of the two series. High: the load's slow and fast spells are the machine's
     (the probe shares nothing with the load but the machine), not the engine's under load."""
     pairs = []
-    end = max((e for _, e, _, _ in priced), default=0.0)
-    w = 0.0
-    while w < end:
-        steps = [(m, p) for _, e, m, p in priced if w <= e < w + window_s]
+    for i, (m, p) in sorted(window_sums(priced, window_s).items()):
+        w = i * window_s
         seen = [s / ref for t, s in probes if w <= t < w + window_s]
-        if steps and seen:
-            pairs.append([w, sum(m for m, _ in steps) / sum(p for _, p in steps), statistics.fmean(seen)])
-        w += window_s
+        if seen:
+            pairs.append([w, m / p, statistics.fmean(seen)])
     r = statistics.correlation([a for _, a, _ in pairs], [b for _, _, b in pairs]) if len(pairs) >= 3 else None
     return {"window_s": window_s, "windows": pairs, "correlation": r}
 
@@ -248,11 +255,7 @@ def step_errors_in_situ(priced) -> dict:
     how each kind's cost stands against the others', the cost model's shape under this load.
     """
     window_s = 15.0
-    pace: dict[int, list[float]] = {}
-    for _, end_s, m, p in priced:
-        w = pace.setdefault(int(end_s // window_s), [0.0, 0.0])
-        w[0] += m
-        w[1] += p
+    pace = window_sums(priced, window_s)
     groups: dict[str, list[tuple[float, float, float]]] = {}
     for kind, end_s, measured, predicted in priced:
         m, p = pace[int(end_s // window_s)]
@@ -318,12 +321,12 @@ def at_medians(points) -> list:
     return [dataclasses.replace(p, step_s=p.median_s) for p in points if p.median_s > 0]
 
 
-def simulated_tiers(load: dict, cm) -> dict:
-    """Per-tier errors of the replayed load simulated with `cm`."""
+def simulated_tiers(load: dict, cm, speed_profile: tuple = ()) -> dict:
+    """Per-tier errors of the replayed load simulated with `cm` (at `speed_profile`'s pace, if given)."""
     from fastmode.sim.report import summarize
     from fastmode.sim.simulator import SimConfig, simulate
 
-    sim = simulate(load["workload"], cm, SimConfig(load["sched"], load["usd"]))
+    sim = simulate(load["workload"], cm, SimConfig(load["sched"], load["usd"], speed_profile=speed_profile))
     return tier_errors(summarize(load["real"].requests), summarize(sim.requests))
 
 
@@ -333,11 +336,7 @@ def own_pace(priced, window_s: float) -> tuple:
     previous window's pace). Simulating the load at it asks whether the simulator's scheduling and
     queueing reproduce the tiers once it knows when the machine ran slow or fast: a diagnostic,
     since the pace is read off the very run it is compared with."""
-    sums: dict[int, list[float]] = {}
-    for _, end_s, m, p in priced:
-        w = sums.setdefault(int(end_s // window_s), [0.0, 0.0])
-        w[0] += m
-        w[1] += p
+    sums = window_sums(priced, window_s)
     profile, pace = [], 1.0
     for i in range(max(sums, default=-1) + 1):
         if i in sums and sums[i][1] > 0:
@@ -383,25 +382,15 @@ def compare_load(load: dict, cm, profile: tuple = ()) -> dict:
     sim = simulate(workload, cm, SimConfig(sched, usd))
     real_t = summarize(real.requests)
     priced = steps_priced(real, cm)
-    in_situ = step_errors_in_situ(priced)
-    measured = sum(g["measured_mean_s"] * g["num_steps"] for g in in_situ.values())
-    predicted = sum(g["predicted_mean_s"] * g["num_steps"] for g in in_situ.values())
-    during = measured / predicted if predicted > 0 else 1.0
-    tiers = tier_errors(real_t, summarize(sim.requests))
-    at_speed = simulate(workload, slowed(cm, during), SimConfig(sched, usd))
-    at_own_pace = {}
-    for window_s in (15.0, 5.0):
-        sim_w = simulate(workload, cm, SimConfig(sched, usd, speed_profile=own_pace(priced, window_s)))
-        at_own_pace[f"{window_s:g}"] = tier_errors(real_t, summarize(sim_w.requests))
-    at_probe = None
-    if profile:
-        sim_p = simulate(workload, cm, SimConfig(sched, usd, speed_profile=profile))
-        at_probe = {"tiers": tier_errors(real_t, summarize(sim_p.requests))}
-    return {"rate_per_s": load["rate"], "num_requests": len(workload), "tiers": tiers, "at_probe_speed": at_probe,
-            "at_in_situ_speed": {"factor": during, "tiers": tier_errors(real_t, summarize(at_speed.requests))},
-            "at_own_pace": at_own_pace,
+    predicted = sum(p for *_, p in priced)
+    during = sum(m for *_, m, _ in priced) / predicted if predicted > 0 else 1.0
+    return {"rate_per_s": load["rate"], "num_requests": len(workload),
+            "tiers": tier_errors(real_t, summarize(sim.requests)),
+            "at_probe_speed": {"tiers": simulated_tiers(load, cm, profile)} if profile else None,
+            "at_in_situ_speed": {"factor": during, "tiers": simulated_tiers(load, slowed(cm, during))},
+            "at_own_pace": {f"{w:g}": simulated_tiers(load, cm, own_pace(priced, w)) for w in (15.0, 5.0)},
             "sampling_band": sampling_band(workload, priced, cm, sched, usd),
-            "steps_in_situ": in_situ,
+            "steps_in_situ": step_errors_in_situ(priced),
             "steps_priced": [[k, round(e, 4), round(m, 6), round(p, 6)] for k, e, m, p in priced],
             "real": {"makespan_s": real.makespan_s, "busy_s": real.busy_s, "num_steps": real.num_steps,
                      "mean_step_s": statistics.fmean(s[1] for s in real.steps), "mean_lateness_s": real.mean_lateness_s},
