@@ -1,6 +1,6 @@
 """Validate the simulator against the real engine on this machine. A script, not a test.
 
-    python benchmarks/sim_validation.py                     # calibrate, then validate (~10 min on 2 cores)
+    python benchmarks/sim_validation.py                     # calibrate, then validate (~16 min on 2 cores)
     python benchmarks/sim_validation.py --calibration ~/.cache/fastmode/calibration-local.json
     python benchmarks/sim_validation.py --quick             # small sweep and a short load (~2 min)
 
@@ -22,8 +22,15 @@
    `fastmode calibrate` would) and its prediction set beside each held-out
    point. Target: |error| <= 10%.
 3. Tiered load: one seeded workload (fast / standard / flex arrivals) is replayed on the
-   real engine in wall-clock time and simulated with the same scheduler config and the
-   calibrated cost model. Per-tier mean TTFT and TPOT are compared. Target: <= 15%.
+   real engine in wall-clock time, --replays times (3), each on a fresh engine, and simulated
+   with the same scheduler config and the calibrated cost model. Per-tier mean TTFT and TPOT
+   over the replays' requests pooled are compared. Target: <= 15%. Each replay's own errors,
+   and how far the replays' own means lie apart, are printed beside it.
+   Why replays: on this VM one 15-s spell that runs ~20% slow moves the flex tier's mean TTFT
+   of a single 180-s load by 25-35% (sessions 12-13); no prediction made before the load can
+   know when such a spell comes. Replaying the same load measures that noise (the replays'
+   spread) and averages it down, as a repeated measurement does; a single replay's figures
+   are what the pooled verdict replaced (until session 14, the verdict was one replay).
 4. Speed reference: a fixed set of steps on an engine of its own (calibrate.probe) runs
    twice after every decode round and every prefill pass of the rounds before and after the load, and every
    --probe-every-s seconds of the load, with the replay's clock stopped. Its time during
@@ -73,6 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--check-chunk", type=int, default=256)
     p.add_argument("--duration-s", type=float, default=180.0,
                    help="seconds of arrivals in the load test (default 180: ~60 flex requests, whose mean TTFT is the noisiest figure)")
+    p.add_argument("--replays", type=int, default=3,
+                   help="replays of the same load, each on a fresh engine; the verdict compares the simulation "
+                        "with their pooled per-tier means (default 3: see the module's docstring, step 3)")
     p.add_argument("--rate", type=float, default=None, help="requests/s (default: chosen for --concurrency)")
     p.add_argument("--concurrency", type=float, default=3.0,
                    help="mean requests in the system the default rate aims at (simulated; Little's law)")
@@ -244,9 +254,9 @@ def drift_tracking(priced, probes: list[tuple[float, float]], ref: float, window
     return {"window_s": window_s, "windows": pairs, "correlation": r}
 
 
-def step_errors_in_situ(priced) -> dict:
-    """The cost model's error on the steps the real engine took under load (`priced`: from
-    steps_priced), by kind of step.
+def step_errors_in_situ(replays: list) -> dict:
+    """The cost model's error on the steps the real engine took under load (`replays`: each
+    replay's steps, from steps_priced), by kind of step.
 
     This separates the cost model's error from scheduling feedback: the same composition of
     prefill chunks and decodes, measured vs predicted, step by step. `error_in_window` takes
@@ -255,11 +265,12 @@ def step_errors_in_situ(priced) -> dict:
     how each kind's cost stands against the others', the cost model's shape under this load.
     """
     window_s = 15.0
-    pace = window_sums(priced, window_s)
     groups: dict[str, list[tuple[float, float, float]]] = {}
-    for kind, end_s, measured, predicted in priced:
-        m, p = pace[int(end_s // window_s)]
-        groups.setdefault(kind, []).append((measured, predicted, predicted * m / p))
+    for priced in replays:
+        pace = window_sums(priced, window_s)
+        for kind, end_s, measured, predicted in priced:
+            m, p = pace[int(end_s // window_s)]
+            groups.setdefault(kind, []).append((measured, predicted, predicted * m / p))
     out = {}
     for kind, rows in sorted(groups.items()):
         meas, pred, paced = (sum(r[i] for r in rows) for i in range(3))
@@ -321,13 +332,20 @@ def at_medians(points) -> list:
     return [dataclasses.replace(p, step_s=p.median_s) for p in points if p.median_s > 0]
 
 
-def simulated_tiers(load: dict, cm, speed_profile: tuple = ()) -> dict:
-    """Per-tier errors of the replayed load simulated with `cm` (at `speed_profile`'s pace, if given)."""
+def simulated_tiers(loads: list[dict], cm, profiles: list[tuple] | None = None) -> dict:
+    """Per-tier errors of the replayed loads simulated with `cm`, each replay at its own pace
+    (`profiles`, one SimConfig.speed_profile per replay) if given: the real requests of all
+    replays pooled against the simulated requests of all replays, so a tier's mean is the mean
+    over every replay's requests."""
     from fastmode.sim.report import summarize
     from fastmode.sim.simulator import SimConfig, simulate
 
-    sim = simulate(load["workload"], cm, SimConfig(load["sched"], load["usd"], speed_profile=speed_profile))
-    return tier_errors(summarize(load["real"].requests), summarize(sim.requests))
+    real, sim = [], []
+    for k, load in enumerate(loads):
+        cfg = SimConfig(load["sched"], load["usd"], speed_profile=profiles[k] if profiles else ())
+        sim += simulate(load["workload"], cm, cfg).requests
+        real += load["real"].requests
+    return tier_errors(summarize(real), summarize(sim))
 
 
 def own_pace(priced, window_s: float) -> tuple:
@@ -351,52 +369,81 @@ def slowed(cm, factor: float):
     return dataclasses.replace(cm, hardware=cm.hardware.slowed(factor))
 
 
-def replay_load(args, loaded, cm, log, probe=None):
-    """Replay a seeded tiered load on the engine (the rate chosen with the simulator and `cm`),
-    with the speed probe every --probe-every-s seconds, the clock stopped."""
+def replay_loads(args, loaded, cm, log, probe=None) -> list[dict]:
+    """Replay a seeded tiered load (the rate chosen with the simulator and `cm`) --replays times,
+    each time on a fresh engine (an empty KV cache: no prefix cached by the previous replay), with
+    the speed probe every --probe-every-s seconds, the clock stopped."""
     from fastmode.calibrate.replay import replay
     from fastmode.engine.config import EngineConfig
     from fastmode.engine.llm_engine import LLMEngine
 
     fmt_dtype = "float32" if str(loaded.dtype).endswith("float32") else "bfloat16"
-    # Speculation off: the simulator has no model of draft acceptance (docs/simulator.md).
-    engine = LLMEngine(EngineConfig(dtype=fmt_dtype, kv_cache_gib=0.5, max_num_seqs=args.max_num_seqs,
-                                    fast_lane_max_batch=args.fast_lane_max_batch, num_threads=args.threads,
-                                    speculative="off"), loaded=loaded)
-    usd = engine.config.usd_per_machine_hour
-    workload, rate = make_workload(args, cm, engine.scheduler_config, usd, log)
-    log(f"replaying {len(workload)} requests on the real engine...")
-    real = replay(engine, workload, seed=args.seed, clock=args.clock, probe=probe, probe_every_s=args.probe_every_s)
-    return {"workload": workload, "rate": rate, "real": real, "sched": engine.scheduler_config, "usd": usd}
+    loads: list[dict] = []
+    for k in range(args.replays):
+        # Speculation off: the simulator has no model of draft acceptance (docs/simulator.md).
+        engine = LLMEngine(EngineConfig(dtype=fmt_dtype, kv_cache_gib=0.5, max_num_seqs=args.max_num_seqs,
+                                        fast_lane_max_batch=args.fast_lane_max_batch, num_threads=args.threads,
+                                        speculative="off"), loaded=loaded)
+        usd = engine.config.usd_per_machine_hour
+        if not loads:
+            workload, rate = make_workload(args, cm, engine.scheduler_config, usd, log)
+        log(f"replay {k + 1} of {args.replays}: {len(workload)} requests on the real engine...")
+        real = replay(engine, workload, seed=args.seed, clock=args.clock, probe=probe, probe_every_s=args.probe_every_s)
+        loads.append({"workload": workload, "rate": rate, "real": real, "sched": engine.scheduler_config, "usd": usd})
+    return loads
 
 
-def compare_load(load: dict, cm, profile: tuple = ()) -> dict:
-    """Simulate the replayed workload with `cm`; again at the machine's pace during the load as
-    the probe measured it (`profile`, for SimConfig.speed_profile: the probe's time over its
-    median in the measurement rounds, over the load's time); and, a diagnostic, at the speed the
-    engine's own steps ran."""
+def replay_figures(load: dict, cm, profile: tuple = ()) -> dict:
+    """One replay on its own: its tiers against the simulation, its steps priced by `cm`, and
+    whether the probe (its `profile`) saw the drift its steps saw."""
     from fastmode.sim.report import summarize
     from fastmode.sim.simulator import SimConfig, simulate
 
-    workload, real, sched, usd = load["workload"], load["real"], load["sched"], load["usd"]
-    sim = simulate(workload, cm, SimConfig(sched, usd))
-    real_t = summarize(real.requests)
+    real = load["real"]
+    sim = simulate(load["workload"], cm, SimConfig(load["sched"], load["usd"]))
     priced = steps_priced(real, cm)
-    predicted = sum(p for *_, p in priced)
-    during = sum(m for *_, m, _ in priced) / predicted if predicted > 0 else 1.0
-    return {"rate_per_s": load["rate"], "num_requests": len(workload),
-            "tiers": tier_errors(real_t, summarize(sim.requests)),
-            "at_probe_speed": {"tiers": simulated_tiers(load, cm, profile)} if profile else None,
-            "at_in_situ_speed": {"factor": during, "tiers": simulated_tiers(load, slowed(cm, during))},
-            "at_own_pace": {f"{w:g}": simulated_tiers(load, cm, own_pace(priced, w)) for w in (15.0, 5.0)},
-            "sampling_band": sampling_band(workload, priced, cm, sched, usd),
-            "steps_in_situ": step_errors_in_situ(priced),
+    return {"tiers": tier_errors(summarize(real.requests), summarize(sim.requests)),
             "steps_priced": [[k, round(e, 4), round(m, 6), round(p, 6)] for k, e, m, p in priced],
             "real": {"makespan_s": real.makespan_s, "busy_s": real.busy_s, "num_steps": real.num_steps,
                      "mean_step_s": statistics.fmean(s[1] for s in real.steps), "mean_lateness_s": real.mean_lateness_s},
             "sim": {"makespan_s": sim.makespan_s, "busy_s": sim.busy_s, "num_steps": sim.num_steps,
-                    "mean_step_s": sim.busy_s / sim.num_steps, "num_preemptions": sim.num_preemptions},
-            "scheduler": dict(sched.__dict__)}
+                    "mean_step_s": sim.busy_s / sim.num_steps, "num_preemptions": sim.num_preemptions}}
+
+
+def replay_spread(per_replay: list[dict]) -> dict:
+    """How far the replays' own per-tier means lie apart: (max - min) / mean over the replays, per
+    tier and figure. The same workload on the same engine, minutes apart: no prediction made before
+    the load can be expected to come closer to one replay than this."""
+    out = {}
+    for t in per_replay[0]["tiers"]:
+        out[t] = {}
+        for fig in ("ttft_mean_s", "tpot_mean_s"):
+            xs = [r["tiers"][t]["real"][fig] for r in per_replay]
+            out[t][fig] = (max(xs) - min(xs)) / statistics.fmean(xs)
+    return out
+
+
+def compare_load(loads: list[dict], cm, profiles: list[tuple] | None = None) -> dict:
+    """Simulate the replayed workload with `cm` and compare it with the replays' pooled per-tier
+    means (the verdict); each replay on its own; and, as diagnostics, at the machine's pace during
+    each replay as the probe measured it (`profiles`: the probe's time over its median in the
+    measurement rounds, over the replay's time), at the speed and pace the engine's own steps ran."""
+    per_replay = [replay_figures(load, cm, ()) for load in loads]
+    priced = [[tuple(s) for s in r["steps_priced"]] for r in per_replay]
+    flat = [s for p in priced for s in p]
+    predicted = sum(p for *_, p in flat)
+    during = sum(m for *_, m, _ in flat) / predicted if predicted > 0 else 1.0
+    first = loads[0]
+    return {"rate_per_s": first["rate"], "num_requests": len(first["workload"]), "replays": len(loads),
+            "tiers": simulated_tiers(loads, cm),
+            "per_replay": per_replay,
+            "replay_spread": replay_spread(per_replay),
+            "at_probe_speed": {"tiers": simulated_tiers(loads, cm, profiles)} if profiles else None,
+            "at_in_situ_speed": {"factor": during, "tiers": simulated_tiers(loads, slowed(cm, during))},
+            "at_own_pace": {f"{w:g}": simulated_tiers(loads, cm, [own_pace(p, w) for p in priced]) for w in (15.0, 5.0)},
+            "sampling_band": sampling_band(first["workload"], flat, cm, first["sched"], first["usd"]),
+            "steps_in_situ": step_errors_in_situ(priced),
+            "scheduler": dict(first["sched"].__dict__)}
 
 
 def print_tiers(tiers: dict) -> None:
@@ -423,14 +470,19 @@ def print_report(rep: dict) -> None:
         print(f"  {r['kind']:<8}{r['batch']:>6}{r['context']:>6}{r['tokens']:>7}{r['measured_s'] * 1e3:>13.2f}"
               f"{r['predicted_s'] * 1e3:>10.2f}{r['error']:>+9.1%}{r['spread']:>8.0%}")
     L = rep["load"]
-    print(f"\ntiered load: {L['num_requests']} requests at {L['rate_per_s']} req/s, max_num_seqs "
-          f"{L['scheduler']['max_num_seqs']}, fast lane {L['scheduler']['fast_lane_max_batch']} "
-          f"(target |error| <= {TIER_TARGET:.0%})")
+    print(f"\ntiered load: {L['num_requests']} requests at {L['rate_per_s']} req/s, replayed {L['replays']} times, "
+          f"max_num_seqs {L['scheduler']['max_num_seqs']}, fast lane {L['scheduler']['fast_lane_max_batch']}; "
+          f"the replays' requests pooled (target |error| <= {TIER_TARGET:.0%})")
     print(f"  {'tier':<9}{'n':>4}{'TTFT real':>11}{'TTFT sim':>10}{'error':>8}{'TPOT real':>11}{'TPOT sim':>10}{'error':>8}")
     print_tiers(L["tiers"])
-    print(f"  makespan real {L['real']['makespan_s']:.1f} s, sim {L['sim']['makespan_s']:.1f} s; steps real "
-          f"{L['real']['num_steps']}, sim {L['sim']['num_steps']}; mean step real {L['real']['mean_step_s'] * 1e3:.1f} ms, "
-          f"sim {L['sim']['mean_step_s'] * 1e3:.1f} ms")
+    for k, r in enumerate(L["per_replay"]):
+        print(f"  replay {k + 1} on its own: " + ", ".join(
+            f"{t} TTFT {e['ttft_error']:+.1%} TPOT {e['tpot_error']:+.1%}" for t, e in r["tiers"].items())
+              + f"; makespan real {r['real']['makespan_s']:.1f} s, sim {r['sim']['makespan_s']:.1f} s; steps real "
+              f"{r['real']['num_steps']}, sim {r['sim']['num_steps']}; mean step real "
+              f"{r['real']['mean_step_s'] * 1e3:.1f} ms, sim {r['sim']['mean_step_s'] * 1e3:.1f} ms")
+    print("  the replays' own means apart ((max - min) / mean): " + ", ".join(
+        f"{t} TTFT {x['ttft_mean_s']:.1%} TPOT {x['tpot_mean_s']:.1%}" for t, x in L["replay_spread"].items()))
     P = L.get("at_probe_speed")
     if P:
         print(f"  at the machine's pace during the load as the probe measured it (mean x{rep['probe']['load_speed_mean']:.3f} "
@@ -459,19 +511,19 @@ def print_report(rep: dict) -> None:
           + " ".join(f"{x:.3f}" for x in speeds[nb:nb + nd]) + " | " + " ".join(f"{x:.3f}" for x in speeds[nb + nd:]))
     pr = rep["probe"]
     if pr["round_speeds"]:
-        prof = [f for _, f in pr["load_profile"]]
+        prof = [f for p in pr["load_profiles"] or () for _, f in p]
         tenths = [prof[min(len(prof) - 1, k * len(prof) // 10)] for k in range(10)] if prof else []
         print(f"  drift, the probe ({pr['batch']} x {pr['prompt_tokens']}-token prefill + {pr['decode_steps']} decodes, "
               f"median {statistics.median(t for r in pr['rounds_s'] for t in r) * 1e3:.0f} ms in the rounds) "
               "over its median in the rounds, by round: " + " ".join(f"{x:.3f}" for x in pr["round_speeds"][:nb])
-              + " | load, by tenths: " + " ".join(f"{x:.2f}" for x in tenths) + " | "
+              + " | load (replays in turn), by tenths: " + " ".join(f"{x:.2f}" for x in tenths) + " | "
               + " ".join(f"{x:.3f}" for x in pr["round_speeds"][nb:]))
-    tr = pr.get("tracking")
-    if tr and tr["correlation"] is not None:
-        print(f"  drift tracking, per {tr['window_s']:.0f} s of load: the engine's steps (measured / predicted) vs the "
-              f"probe: correlation {tr['correlation']:.2f} over {len(tr['windows'])} windows; steps "
-              + " ".join(f"{a:.2f}" for _, a, _ in tr["windows"]) + "; probe "
-              + " ".join(f"{b:.2f}" for _, _, b in tr["windows"]))
+    for k, tr in enumerate(pr.get("tracking") or ()):
+        if tr["correlation"] is not None:
+            print(f"  drift tracking, replay {k + 1}, per {tr['window_s']:.0f} s of load: the engine's steps (measured / "
+                  f"predicted) vs the probe: correlation {tr['correlation']:.2f} over {len(tr['windows'])} windows; steps "
+                  + " ".join(f"{a:.2f}" for _, a, _ in tr["windows"]) + "; probe "
+                  + " ".join(f"{b:.2f}" for _, _, b in tr["windows"]))
     T = rep.get("tails")
     if T:
         ld = T["load_measured_over_predicted"]
@@ -487,7 +539,10 @@ def print_report(rep: dict) -> None:
     v = rep["verdict"]
     ok = lambda b: "PASS" if b else "FAIL"  # noqa: E731
     print(f"\nstep max |error| {v['step_max_abs_error']:.1%} ({ok(v['steps_pass'])}), "
-          f"tier max |error| {v['tier_max_abs_error']:.1%} at the calibration's speed ({ok(v['tiers_pass'])}), "
+          f"tier max |error| {v['tier_max_abs_error']:.1%} at the calibration's speed, replays pooled "
+          f"({ok(v['tiers_pass'])}; each replay on its own: "
+          + " ".join(f"{e:.1%}" for e in v["tier_max_abs_error_by_replay"])
+          + f", {v['replays_passing']} of {len(v['tier_max_abs_error_by_replay'])} within the target), "
           + (f"(diagnostic: {v['tier_max_abs_error_at_probe_speed']:.1%} at the probe's pace); "
              if v["tiers_pass_at_probe_speed"] is not None else "")
           + f"run took {rep['wall_s']:.0f} s")
@@ -498,7 +553,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.duration_s = min(args.duration_s, 25.0)
         args.rounds_before, args.rounds_after = min(args.rounds_before, 1), min(args.rounds_after, 1)
-        args.rounds_during = min(args.rounds_during, 1)
+        args.rounds_during, args.replays = min(args.rounds_during, 1), min(args.replays, 2)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.perf_counter()
     import torch
@@ -520,6 +575,8 @@ def main(argv=None) -> int:
         args.rounds_before = args.rounds_during = args.rounds_after = 0
     if min(args.rounds_before, args.rounds_during, args.rounds_after) < 0:
         raise SystemExit("--rounds-before, --rounds-during and --rounds-after must be >= 0")
+    if args.replays < 1:
+        raise SystemExit("--replays must be >= 1")
     if args.rounds_before < 1 and not args.skip_step_check:
         raise SystemExit("--rounds-before must be >= 1 (its fit chooses the load's rate)")
     contexts, chunks = plan_points(args)
@@ -554,7 +611,7 @@ def main(argv=None) -> int:
             during.append(points)
 
     units = during_units()
-    per_unit = max(1, round(args.duration_s / max(1, args.rounds_during * units_per_sweep(
+    per_unit = max(1, round(args.duration_s * args.replays / max(1, args.rounds_during * units_per_sweep(
         sweep_config(args, contexts, chunks, 1))) / args.probe_every_s))
     ticks = itertools.count(1)
 
@@ -565,7 +622,7 @@ def main(argv=None) -> int:
             next(units, None)
         return probe()
 
-    load = replay_load(args, loaded, cm_before, log, tick)
+    loads = replay_loads(args, loaded, cm_before, log, tick)
     probe.take()  # the load's probes are in load["real"].probes, with their times
     for _ in units:  # what the load left of those rounds
         pass
@@ -575,34 +632,39 @@ def main(argv=None) -> int:
                      "ticks_per_unit_during": per_unit}
     rep["round_speeds"] = round_speeds(before + during + after, merged)
     ref = [t for r in probes for t in r]
-    on_load = load["real"].probes
-    profile = speed_profile(on_load, ref) if ref and on_load else ()
+    on_load = [load["real"].probes for load in loads]  # per replay
+    profiles = [speed_profile(o, ref) for o in on_load] if ref and all(on_load) else None
     rep["probe"] = {"batch": probe.batch, "prompt_tokens": probe.prompt_tokens, "decode_steps": probe.decode_steps,
                     "every_s": args.probe_every_s, "rounds_s": probes, "load_s": on_load,
                     "round_speeds": [relative_speed(r, ref) for r in probes] if ref else [],
-                    "load_speed_mean": statistics.fmean(s for _, s in on_load) / statistics.median(ref) if profile else None,
-                    "load_profile": profile}
+                    "load_speed_mean": statistics.fmean(s for o in on_load for _, s in o) / statistics.median(ref)
+                    if profiles else None,
+                    "load_profiles": profiles}
     rep["points_by_round"] = [[p.to_json() for p in points] for points in before + during + after]
     cm, rep["calibration"] = fit_cost_model(args, loaded, [p for p in merged if not is_held_out(p, args)], log)
     rep["calibration"].pop("points", None)
     rep["steps"] = [] if args.skip_step_check else check_steps([p for p in merged if is_held_out(p, args)], cm)
-    rep["load"] = compare_load(load, cm, profile)
+    rep["load"] = compare_load(loads, cm, profiles)
     cal_points = [p for p in merged if not is_held_out(p, args)]
-    rep["tails"] = tails(cal_points, rep["load"]["steps_priced"])
+    rep["tails"] = tails(cal_points, [s for r in rep["load"]["per_replay"] for s in r["steps_priced"]])
     if not args.calibration and len(at_medians(cal_points)) == len(cal_points):  # a paired diagnostic: same data
         cm_med, _ = fit_cost_model(args, loaded, at_medians(cal_points), log, final=False)
         held = at_medians([p for p in merged if is_held_out(p, args)])
-        rep["fit_on_medians"] = {"steps": check_steps(held, cm_med), "tiers": simulated_tiers(load, cm_med)}
-    if profile:
-        rep["probe"]["tracking"] = drift_tracking(rep["load"]["steps_priced"], on_load, statistics.median(ref))
+        rep["fit_on_medians"] = {"steps": check_steps(held, cm_med), "tiers": simulated_tiers(loads, cm_med)}
+    if profiles:
+        rep["probe"]["tracking"] = [drift_tracking(r["steps_priced"], o, statistics.median(ref))
+                                    for r, o in zip(rep["load"]["per_replay"], on_load)]
     rep["machine"]["load_avg_end"] = os.getloadavg()
     step_err = max((abs(r["error"]) for r in rep["steps"]), default=float("nan"))
     tier_max = lambda tiers: max(max(abs(r["ttft_error"]), abs(r["tpot_error"])) for r in tiers.values())  # noqa: E731
     tier_err = tier_max(rep["load"]["tiers"])
+    by_replay = [tier_max(r["tiers"]) for r in rep["load"]["per_replay"]]
     at_probe = rep["load"]["at_probe_speed"]
     probe_err = tier_max(at_probe["tiers"]) if at_probe else float("nan")
     rep["verdict"] = {"step_max_abs_error": step_err, "steps_pass": step_err <= STEP_TARGET,
                       "tier_max_abs_error": tier_err, "tiers_pass": tier_err <= TIER_TARGET,
+                      "tier_max_abs_error_by_replay": by_replay,
+                      "replays_passing": sum(e <= TIER_TARGET for e in by_replay),
                       "tier_max_abs_error_at_probe_speed": probe_err,
                       "tiers_pass_at_probe_speed": probe_err <= TIER_TARGET if at_probe else None}
     rep["wall_s"] = time.perf_counter() - t0
