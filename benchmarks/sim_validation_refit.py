@@ -9,12 +9,13 @@ before, during, after) and the load's real per-tier figures. The cost model is f
 script does, to the calibration points over the chosen rounds (held-out points left out): their
 mean step times, as that script fits them, or with `--estimator median` their medians, as it did
 until session 13 (runs from before then saved medians only). The same seeded workload is then
-simulated with the load's scheduler config. (For a run from before session 13, `--rounds all`
+simulated with the load's scheduler config and compared with the load's real per-tier means
+(from session 14, the replays' pooled means; each replay's own are printed too). (For a run from before session 13, `--rounds all`
 therefore averages its four rounds' medians where that run took their median, and its figures
 move a little; two rounds' median and mean are the same.) Which
 rounds to trust is a choice to make before looking at the answer; this shows what each gives.
 It also prints the run's own in-situ table (its fit on the load's steps, with the drift taken
-out window by window) from the saved `load.steps_priced`, for runs that saved it.
+out window by window) from the saved `load.steps_priced` (per replay from session 14), for runs that saved it.
 """
 
 from __future__ import annotations
@@ -84,18 +85,24 @@ def main(argv=None) -> int:
         worst = max(worst, abs(e_ttft), abs(e_tpot))
         print(f"  {t:<9} TTFT {e_ttft:+.1%}  TPOT {e_tpot:+.1%}")
     print(f"  tier max |error| {worst:.1%}")
-    if "steps_priced" in rep["load"] and args.rounds == "all" and args.estimator == "mean":
+    replays = rep["load"].get("per_replay") or [rep["load"]]  # a run from before session 14 replayed once
+    for k, r in enumerate(replays if len(replays) > 1 else ()):
+        print(f"  replay {k + 1} on its own: " + ", ".join(
+            f"{t} TTFT {sv.err(sim_t[t].ttft_mean_s, e['real']['ttft_mean_s']):+.1%} "
+            f"TPOT {sv.err(sim_t[t].tpot_mean_s, e['real']['tpot_mean_s']):+.1%}" for t, e in r["tiers"].items()))
+    priced = [r["steps_priced"] for r in replays if "steps_priced" in r]
+    if priced and args.rounds == "all" and args.estimator == "mean":
         # The run's own fit priced its steps; with all rounds' means this refit is that fit.
         for window_s in (15.0, 5.0):
-            paced = sv.own_pace(rep["load"]["steps_priced"], window_s)
-            sim_p = summarize(simulate(workload, cm, SimConfig(sched, speed_profile=paced)).requests)
+            sim_p = summarize([m for p in priced for m in simulate(
+                workload, cm, SimConfig(sched, speed_profile=sv.own_pace(p, window_s))).requests])
             print(f"  at the engine's own pace per {window_s:g} s of load: " + ", ".join(
                 f"{t} TTFT {sv.err(sim_p[t].ttft_mean_s, r['real']['ttft_mean_s']):+.1%} "
                 f"TPOT {sv.err(sim_p[t].tpot_mean_s, r['real']['tpot_mean_s']):+.1%}"
                 for t, r in rep["load"]["tiers"].items()))
-    if "steps_priced" in rep["load"]:  # the run's own fit on the load's steps (this refit does not re-price them)
+    if priced:  # the run's own fit on the load's steps (this refit does not re-price them)
         print("  in situ, the run's own fit: error, and error with the drift taken out (15 s windows)")
-        for kind, r in sv.step_errors_in_situ(rep["load"]["steps_priced"]).items():
+        for kind, r in sv.step_errors_in_situ(priced).items():
             print(f"    {kind:<16}{r['num_steps']:>5} steps  {r['error']:+.1%}  {r['error_in_window']:+.1%}")
     return 0
 
