@@ -87,7 +87,8 @@ def main(argv=None) -> int:
     print(f"  tier max |error| {worst:.1%}")
     replays = rep["load"].get("per_replay") or [rep["load"]]  # a run from before session 14 replayed once
     for k, r in enumerate(replays if len(replays) > 1 else ()):
-        print(f"  replay {k + 1} on its own: " + ", ".join(
+        level = f" (its steps x{sv.load_vs_fit(r['steps_priced']):.3f} the run's fit)" if "steps_priced" in r else ""
+        print(f"  replay {k + 1} on its own{level}: " + ", ".join(
             f"{t} TTFT {sv.err(sim_t[t].ttft_mean_s, e['real']['ttft_mean_s']):+.1%} "
             f"TPOT {sv.err(sim_t[t].tpot_mean_s, e['real']['tpot_mean_s']):+.1%}" for t, e in r["tiers"].items()))
     priced = [r["steps_priced"] for r in replays if "steps_priced" in r]
