@@ -3,11 +3,10 @@
     python benchmarks/load_twin_steps.py                  # ~4 min on 2 cores
     python benchmarks/load_twin_steps.py --batch 2 --requests 120
 
-Every session-12 validation run (benchmarks/sim_validation.py) found the load's steps
-slower than the fitted cost model, by 3.6-10.6%. This separates two explanations: the
-engine under load does more work per step than the calibration's engines (its state, its
-scheduler, its mix of steps), or the steps cost the same and the fit priced something else
-than what a load adds up.
+When a validation run (benchmarks/sim_validation.py) finds the load's steps slower than
+the fitted cost model, this separates two explanations: the engine under load does more
+work per step than the calibration's engines (its state, its scheduler, its mix of steps),
+or the steps cost the same and the fit priced something else than what a load adds up.
 
 It replays the validation's seeded tiered load (its defaults, at --rate) on the engine.
 Every --every-s seconds of the load, with the replay's clock stopped, a twin engine built

@@ -16,11 +16,8 @@
    Calibrating first and validating later measures the drift between the two, not
    the cost model; with the held-out points inside the same rounds, and most of the
    rounds measured in the load's own minutes, the calibration covers the same span
-   of time as what it is checked against. (Until session 12 the rounds were 2 before
-   and 2 after the load, and the load's minutes drifted away from both; sessions 12-13
-   and the first run of 14 measured 2 of 4 rounds during the load, and in s14a the
-   rounds around the load ran 1.14 and 1.04 of the merged points, those during it 0.88
-   and 0.93, so the fit ran 10% slow of the load.)
+   of time as what it is checked against. (Rounds only before and after the load
+   leave the load's own minutes out, and the machine drifts away from both.)
 2. Step times: the cost model is fitted to the calibration points only (as
    `fastmode calibrate` would) and its prediction set beside each held-out
    point. Target: |error| <= 10%.
@@ -29,11 +26,10 @@
    with the same scheduler config and the calibrated cost model. Per-tier mean TTFT and TPOT
    over the replays' requests pooled are compared. Target: <= 15%. Each replay's own errors,
    and how far the replays' own means lie apart, are printed beside it.
-   Why replays: on this VM one 15-s spell that runs ~20% slow moves the flex tier's mean TTFT
-   of a single 180-s load by 25-35% (sessions 12-13); no prediction made before the load can
+   Why replays: on a shared VM one 15-s spell that runs slow moves the flex tier's mean TTFT
+   of a single 180-s load by far more than the target; no prediction made before the load can
    know when such a spell comes. Replaying the same load measures that noise (the replays'
-   spread) and averages it down, as a repeated measurement does; a single replay's figures
-   are what the pooled verdict replaced (until session 14, the verdict was one replay).
+   spread) and averages it down, as a repeated measurement does.
 4. Speed reference: a fixed set of steps on an engine of its own (calibrate.probe) runs
    twice after every decode round and every prefill pass of the rounds before and after the load, and every
    --probe-every-s seconds of the load, with the replay's clock stopped. Its time during
@@ -46,8 +42,8 @@
    Also printed, as a diagnostic and not for the verdict: the simulation at the speed
    the engine's own steps ran during the load, and each round's speed relative to the
    merged points, which shows the drift.
-   (Re-anchoring on calibration points re-measured just before the load was tried and
-   dropped: the drift changes faster than the load test lasts.)
+   (No re-anchoring on calibration points re-measured just before the load: the drift
+   changes faster than the load test lasts.)
 
 Prints a table with the machine and writes everything as JSON (--out).
 """
@@ -127,7 +123,7 @@ def sweep_config(args, contexts: tuple[int, ...], chunks: tuple[int, ...], round
         return SweepConfig(batches=(1, 4, 16, 64), contexts=contexts, chunk_sizes=chunks, repeats=3, prefill_repeats=2,
                            rounds=rounds, num_threads=args.threads, clock=args.clock)
     # Four prefill passes per round, not calibrate's two: a prefill step lasts 0.1-2.5 s, so a round
-    # holds few of them, and in s9a one point moved by 20-40% between rounds.
+    # holds few of them, and with two a point can move by tens of percent between rounds.
     return SweepConfig(batches=tuple(int(b) for b in args.check_batches.split(",")), contexts=contexts,
                        chunk_sizes=chunks, prefill_repeats=4, rounds=rounds, num_threads=args.threads,
                        clock=args.clock)
@@ -318,8 +314,8 @@ def tier_errors(real_t: dict, sim_t: dict) -> dict:
 def tails(points, priced) -> dict:
     """How far each step's mean sits above its median: over the calibration points (mean /
     median of each point's timed steps, the median over points), and over the load's steps
-    (measured / predicted: mean and median). Up to session 12 the points kept medians, and the
-    load's steps, which the simulator adds up, ran 3.6-10.6% above the fit in every run."""
+    (measured / predicted: mean and median). A tail that lifts the load's mean above its median
+    is what a fit to the points' medians would miss."""
     ratios = [p.step_s / p.median_s for p in points if p.median_s > 0]
     load = [m / q for _, _, m, q in priced]
     return {"points_mean_over_median": statistics.median(ratios) if ratios else None,
@@ -328,8 +324,8 @@ def tails(points, priced) -> dict:
 
 
 def at_medians(points) -> list:
-    """The points with each one's median step time in place of its mean (how the cost model was
-    fitted until session 13)."""
+    """The points with each one's median step time in place of its mean (a diagnostic fit: what
+    leaving out the steps' tail costs)."""
     import dataclasses
 
     return [dataclasses.replace(p, step_s=p.median_s) for p in points if p.median_s > 0]
@@ -543,7 +539,7 @@ def print_report(rep: dict) -> None:
     M = rep.get("fit_on_medians")
     if M:
         worst = max((abs(r["error"]) for r in M["steps"]), default=float("nan"))
-        print(f"  diagnostic, fitted to the points' medians (the method until session 13): held-out steps worst "
+        print(f"  diagnostic, fitted to the points' medians: held-out steps worst "
               f"{worst:.1%}; " + ", ".join(f"{t} TTFT {r['ttft_error']:+.1%} TPOT {r['tpot_error']:+.1%}"
                                            for t, r in M["tiers"].items()))
     v = rep["verdict"]

@@ -1,21 +1,19 @@
 """Re-fit a saved validation run on a chosen subset of its measurement rounds, and compare
 the tiers again. A diagnostic: no engine runs, only the fit and the simulator.
 
-    python benchmarks/sim_validation_refit.py runs/sim_validation-s12g.json --rounds during
-    python benchmarks/sim_validation_refit.py runs/sim_validation-s12g.json --rounds 0,3
+    python benchmarks/sim_validation_refit.py runs/sim_validation.json --rounds during
+    python benchmarks/sim_validation_refit.py runs/sim_validation.json --rounds 0,3
 
 benchmarks/sim_validation.py keeps every round's points (`points_by_round`, in the order
 before, during, after) and the load's real per-tier figures. The cost model is fitted, as that
 script does, to the calibration points over the chosen rounds (held-out points left out): their
-mean step times, as that script fits them, or with `--estimator median` their medians, as it did
-until session 13 (runs from before then saved medians only). The same seeded workload is then
-simulated with the load's scheduler config and compared with the load's real per-tier means
-(from session 14, the replays' pooled means; each replay's own are printed too). (For a run from before session 13, `--rounds all`
-therefore averages its four rounds' medians where that run took their median, and its figures
-move a little; two rounds' median and mean are the same.) Which
-rounds to trust is a choice to make before looking at the answer; this shows what each gives.
-It also prints the run's own in-situ table (its fit on the load's steps, with the drift taken
-out window by window) from the saved `load.steps_priced` (per replay from session 14), for runs that saved it.
+mean step times, as that script fits them, or with `--estimator median` their medians (for runs
+whose points saved medians beside their means). The same seeded workload is then simulated with
+the load's scheduler config and compared with the load's real per-tier means (the replays'
+pooled means; each replay's own are printed too). Which rounds to trust is a choice to make
+before looking at the answer; this shows what each gives. It also prints the run's own in-situ
+table (its fit on the load's steps, with the drift taken out window by window) from the saved
+`load.steps_priced` (per replay), for runs that saved it.
 """
 
 from __future__ import annotations
@@ -38,10 +36,10 @@ def choose_rounds(spec: str, rounds: dict) -> list[int]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("run", help="a JSON written by benchmarks/sim_validation.py (session 12 or later)")
+    p.add_argument("run", help="a JSON written by benchmarks/sim_validation.py (with per-round points)")
     p.add_argument("--rounds", default="during", help="all, during, around (before and after), or indices like 0,3")
     p.add_argument("--estimator", default="mean", choices=["mean", "median"],
-                   help="fit each point's mean step time (default) or its median (needs a run from session 13 on)")
+                   help="fit each point's mean step time (default) or its median (needs a run that saved medians)")
     args = p.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent))
     import sim_validation as sv
@@ -63,8 +61,7 @@ def main(argv=None) -> int:
     merged = merge_rounds(per_round)
     if args.estimator == "median":
         if any(q.median_s <= 0 for q in merged):
-            raise SystemExit(f"{args.run}: its points saved no medians beside their means (a run from before session "
-                             "13, whose step_s are medians already): use --estimator mean")
+            raise SystemExit(f"{args.run}: its points saved no medians beside their means: use --estimator mean")
         merged = sv.at_medians(merged)
     loaded = load_model(vargs.model, rep.get("dtype", "auto"))
     log = lambda s: print(s, file=sys.stderr)  # noqa: E731
@@ -85,7 +82,7 @@ def main(argv=None) -> int:
         worst = max(worst, abs(e_ttft), abs(e_tpot))
         print(f"  {t:<9} TTFT {e_ttft:+.1%}  TPOT {e_tpot:+.1%}")
     print(f"  tier max |error| {worst:.1%}")
-    replays = rep["load"].get("per_replay") or [rep["load"]]  # a run from before session 14 replayed once
+    replays = rep["load"].get("per_replay") or [rep["load"]]  # a run without per_replay replayed once
     for k, r in enumerate(replays if len(replays) > 1 else ()):
         level = f" (its steps x{sv.load_vs_fit(r['steps_priced']):.3f} the run's fit)" if "steps_priced" in r else ""
         print(f"  replay {k + 1} on its own{level}: " + ", ".join(

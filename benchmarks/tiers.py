@@ -1,4 +1,4 @@
-"""What does the fast lane buy, and what does it cost? (issue: engine fast lane)
+"""What does the fast lane buy, and what does it cost?
 
 Saturates one engine with closed-loop standard streams (default 32), adds a
 few closed-loop fast streams, and measures per tier: output tok/s per request

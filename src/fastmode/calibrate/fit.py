@@ -22,11 +22,11 @@ the validation target is a relative error.
 Why the extra terms: on a CPU the engine's decode spends per sequence what a
 prefill spends per ~4 tokens (a logits row, sampling, small-matrix
 inefficiency), and its gather-based attention costs several times the KV
-bytes' share of bandwidth, so per-token and bandwidth terms alone misfit by
-30-80% (docs/simulator.md).
+bytes' share of bandwidth, so per-token and bandwidth terms alone misfit it
+badly (docs/simulator.md).
 
-Kernel regimes: where the engine switches kernels at a step size (ours, with
-AMX tiles, from 9 rows), `split_tokens` fits steps of at most that many tokens
+Kernel regimes: where the engine switches kernels at a step size (fastmode's
+native kernels, with AMX tiles, from 9 rows), `split_tokens` fits steps of at most that many tokens
 and the larger ones separately, each with all six parameters, and the result
 prices each step with its own side's figures (`Hardware.small_step`).
 """

@@ -21,7 +21,7 @@ so every sequence's context grows alike). A prefill pass prefills one prompt
 per chunk size, in rotating order. `warmup` decode rounds and the first prefill
 pass are untimed; each point keeps the mean of its timed steps (the expected
 step, which the simulator adds up) and their median. Everything a sweep measures is thus spread
-over the same minutes: on a shared machine whose speed drifts by 10-30% within
+over the same minutes: on a shared machine whose speed drifts by tens of percent within
 a minute, measuring one point after another would turn that drift into
 differences between the points.
 """

@@ -1,11 +1,11 @@
 """A measured engine step, in the terms the cost model prices. No torch.
 
 `step_s` is the mean of the timed steps, not their median: the simulator adds
-step times up, so what it needs from each point is the expected step. On the
-shared VMs fastmode is validated on, a step's time has a right tail (VM exits,
-interrupts, a slow spell caught by a few samples), and a cost model fitted to
-medians priced every load of session 12 too low (docs/simulator.md). The
-median is kept beside the mean.
+step times up, so what it needs from each point is the expected step. On a
+shared machine a step's time has a right tail (VM exits, interrupts, a slow
+spell caught by a few samples), which a median leaves out, so a cost model
+fitted to medians prices a load's steps too low. The median is kept beside the
+mean as a diagnostic.
 
 A decode point is B sequences each decoding one token at (mean) context c; a
 prefill point is one chunk of n prompt tokens after `prefill_context` tokens
@@ -28,9 +28,9 @@ class StepPoint:
     decode_context: float = 0.0  # mean tokens already in each decoding sequence's KV cache
     prefill_tokens: int = 0
     prefill_context: int = 0  # tokens in the KV cache before this chunk
-    num_samples: int = 1  # timed steps behind the median
+    num_samples: int = 1  # timed steps behind step_s and median_s
     spread: float = 0.0  # (max - min) / median of the timed steps: how noisy the machine was
-    median_s: float = 0.0  # median of the timed steps (0: not recorded, as in files before session 13)
+    median_s: float = 0.0  # median of the timed steps (0: not recorded in the file)
 
     def __post_init__(self) -> None:
         if self.kind not in ("decode", "prefill"):

@@ -8,8 +8,8 @@ before every step, so a request joins the batch at the next step boundary, and
 an abort frees its KV blocks there. Outputs come back through per-request
 asyncio queues; `stats()` returns a snapshot the engine thread publishes after
 every step. (Taking a lock that the engine thread holds for whole steps would
-stall the event loop for a step at every arrival: measured, the server's event
-loop spent about half its time waiting so under 16 streaming clients.)
+stall the event loop for up to a step at every arrival, and under many
+streaming clients the event loop would spend much of its time waiting so.)
 
 A client that stops iterating (disconnect) aborts its request. Starting an
 AsyncEngine frees the starting thread's OpenMP workers (engine/openmp.py).

@@ -7,10 +7,9 @@ spinning between regions after ~1000 iterations and sleeps on a futex instead:
 each of the hundreds of parallel regions in a step then pays a wake-up. A
 server loads its model on the main thread (that thread's pool is created
 then) and steps the engine on another (a second pool), which is exactly that
-case. `benchmarks/engine_thread.py` measures it: on the project's 2-vCPU VM
-the engine thread kept 1.75-1.78 cores busy and ran at 0.91x the main
-thread's speed while the main thread kept its pool, and 1.99 cores at 1.00x
-once it was released.
+case, and the engine thread then runs measurably slower than the same steps
+on the main thread (`benchmarks/engine_thread.py` compares the two, with and
+without the release below).
 
 `release_thread_pool()` frees the calling thread's pool (OpenMP 5.0's
 omp_pause_resource_all, soft pause: the pool is rebuilt if that thread runs a

@@ -23,11 +23,9 @@ def resolve_dtype(dtype: str) -> str:
 
     On the CPU the native kernels (a GGUF file's blocks times fp32 activations)
     are the fast path, and they compute in fp32. PyTorch's bf16 CPU path is
-    slower even where the CPU has AVX-512 BF16 and AMX: on a 2-vCPU Xeon with
-    both, `benchmarks/peers.py --fastmode-dtype bfloat16` decoded at 0.22x
-    llama.cpp at batch 1 and 0.95x at 16 sequences, the default at 1.02-1.38x
-    and 2.36-2.75x (README); on AVX2-only CPUs bf16 matmuls fall back to a
-    slow path altogether.
+    measurably slower even where the CPU has AVX-512 BF16 and AMX (compare
+    `benchmarks/peers.py --fastmode-dtype bfloat16` with the default); on
+    AVX2-only CPUs bf16 matmuls fall back to a slow path altogether.
     """
     if dtype != "auto":
         return dtype

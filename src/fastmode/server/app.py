@@ -87,8 +87,9 @@ def create_app(
 
     @app.get("/metrics")
     def metrics_page(request: Request) -> Response:
-        # A plain `def`: FastAPI runs it on a worker thread, so waiting for the
-        # engine lock (held for a whole step) does not stall the event loop.
+        # Rendering reads the stats each engine thread publishes after its step
+        # (AsyncEngine.stats), so it takes no engine lock. A plain `def`: FastAPI
+        # runs it on a worker thread, off the event loop.
         return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
     return app
