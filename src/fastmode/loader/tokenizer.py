@@ -88,8 +88,15 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        """Render a conversation to the prompt text the model was trained on."""
+    def apply_chat_template(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True, tools: Sequence[dict] | None = None
+    ) -> str:
+        """Render a conversation to the prompt text the model was trained on.
+
+        Messages follow transformers' convention, tool calls included (assistant
+        `tool_calls`, `tool` role); `tools` (function definitions, as transformers
+        takes them) is passed to templates that render it, and left undefined otherwise.
+        """
         if not self.chat_template:
             raise ValueError("this model has no chat template; send a plain prompt instead")
         if self._template is None:
@@ -108,11 +115,16 @@ class Tokenizer:
             "bos_token": self.token_to_str(self.bos_token_id) if self.bos_token_id is not None else "",
             "eos_token": self.token_to_str(self.eos_token_id) if self.eos_token_id is not None else "",
         }
-        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **special)
+        given = {"tools": list(tools)} if tools is not None else {}
+        return self._template.render(
+            messages=list(messages), add_generation_prompt=add_generation_prompt, **special, **given
+        )
 
-    def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True, tools: Sequence[dict] | None = None
+    ) -> list[int]:
         # The template writes any BOS itself, so no special tokens are added on top.
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools), add_special_tokens=False)
 
 
 def _token_content(tok: Any) -> str | None:
