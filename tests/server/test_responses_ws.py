@@ -120,6 +120,6 @@ def test_one_response_at_a_time_and_disconnect_frees_kv(server):
         ws.send(json.dumps(body))
         while (event := json.loads(ws.recv(timeout=10)))["type"] != "error":
             assert event["type"] == "response.output_text.delta"
-        assert event["code"] == "response_in_progress"
+        assert event["code"] == "response_already_in_flight"
     # The socket closed mid-response: the request is aborted and its KV freed.
     assert server.wait_idle()

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 
 from fastmode.engine.llm_engine import LLMEngine
 from fastmode.engine.tiers import Tier
-from fastmode.server import anthropic_api, openai_api, responses_ws
+from fastmode.server import anthropic_api, openai_api, responses_api, responses_ws
 from fastmode.server.admission import AdmissionController
 from fastmode.server.config import ServerConfig
 from fastmode.server.conversation import ResponseStore
@@ -77,6 +77,7 @@ def create_app(
     app.include_router(openai_api.router)
     app.include_router(anthropic_api.router)
     app.include_router(responses_ws.router)
+    app.include_router(responses_api.router)
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:

@@ -3,7 +3,8 @@
 The engine's prefix cache matches token ids, block by block. Re-rendering a
 whole conversation as text and tokenizing it again need not reproduce the
 tokens the model generated (a reply may tokenize differently the second
-time), and one changed token early on loses every block after it. So a
+time, and a tool call the template renders need not be laid out as the model
+wrote it), and one changed token early on loses every block after it. So a
 continued turn is built as
 
     previous prompt ids + previous output ids + ids of (turn closing + new turn)
@@ -11,21 +12,31 @@ continued turn is built as
 where the bridge text is what the chat template puts between the previous
 reply and the next generation prompt. Its prefix is exactly the previous
 request's tokens, so every full block of it is served from the cache.
+A warm-up turn (generated nothing) holds the conversation without a
+generation prompt, and the next turn's text follows it directly.
 If the template does not render conversations as a growing prefix, or the
-instructions changed, or a stop string cut the reply (its tokens hold text
-the client never saw), or the turn continues on another served model (whose
-tokenizer may differ and whose prefix cache holds none of those tokens), the
-conversation is rendered afresh instead.
+instructions or tools changed, or a stop string cut the reply (its tokens
+hold text the client never saw), or the turn continues on another served
+model (whose tokenizer may differ and whose prefix cache holds none of those
+tokens), the conversation is rendered afresh instead.
+
+Messages follow Hugging Face's chat shape: `{"role", "content"}`, assistant
+messages may carry `tool_calls` ([{id, type: "function", function: {name,
+arguments: dict}}]) and `tool` messages carry `tool_call_id`.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastmode.loader.tokenizer import Tokenizer
 
-Message = dict[str, str]
+Message = dict[str, Any]
+# A conversation (system message included) -> the prompt text; the flag adds the generation prompt.
+Render = Callable[[list[Message], bool], str]
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,9 @@ class Turn:
     output_ids: list[int]
     reusable: bool  # False when the output tokens do not match the reply text (stop string)
     model: str = ""  # the served model that produced it
+    tools: str = ""  # what of the prompt besides messages and instructions (the tools offered), as a key
+    generated: bool = True  # False for a warm-up: no reply, and prompt_ids lack the generation prompt
+    response: dict | None = None  # the response object, as GET /v1/responses/{id} returns it
 
 
 class ResponseStore:
@@ -58,6 +72,9 @@ class ResponseStore:
             self._turns.move_to_end(response_id)
         return turn
 
+    def pop(self, response_id: str) -> Turn | None:
+        return self._turns.pop(response_id, None)
+
     def put(self, turn: Turn) -> None:
         self._turns[turn.response_id] = turn
         self._turns.move_to_end(turn.response_id)
@@ -65,45 +82,69 @@ class ResponseStore:
             self._turns.popitem(last=False)
 
 
-def _with_system(instructions: str | None, messages: list[Message]) -> list[Message]:
+def with_system(instructions: str | None, messages: list[Message]) -> list[Message]:
     return ([{"role": "system", "content": instructions}] if instructions else []) + messages
 
 
 def build_prompt(
-    tok: Tokenizer, prev: Turn | None, instructions: str | None, new_messages: list[Message], model: str = ""
+    tok: Tokenizer, prev: Turn | None, instructions: str | None, new_messages: list[Message], model: str = "",
+    render: Render | None = None, tools: str = "", add_generation_prompt: bool = True,
 ) -> tuple[list[int], list[Message], bool]:
-    """(prompt ids, the conversation so far without system, whether the previous turn's tokens were reused)."""
+    """(prompt ids, the conversation so far without system, whether the previous turn's tokens were reused).
+
+    `render` is the chat template (with any tools); `tools` keys what it adds
+    besides the messages, so a turn that changes the tools renders afresh.
+    Without `add_generation_prompt` the ids end with the last message (a warm-up).
+    """
+    render = render or tok.apply_chat_template
     history = (prev.messages if prev else []) + new_messages
-    if prev is not None and prev.reusable and prev.instructions == instructions and prev.model == model:
-        bridge = _bridge_text(tok, prev, new_messages)
+    if (prev is not None and prev.reusable and prev.instructions == instructions and prev.model == model
+            and prev.tools == tools):
+        bridge = _bridge_text(tok, render, prev, new_messages, add_generation_prompt)
         if bridge is not None:
             ids = prev.prompt_ids + prev.output_ids + tok.encode(bridge, add_special_tokens=False)
             return ids, history, True
-    return tok.encode_chat(_with_system(instructions, history)), history, False
+    text = render(with_system(instructions, history), add_generation_prompt)
+    return tok.encode(text, add_special_tokens=False), history, False
 
 
-def _bridge_text(tok: Tokenizer, prev: Turn, new_messages: list[Message]) -> str | None:
-    """Text between the previous output tokens and the next generation prompt, or
+def _bridge_text(tok: Tokenizer, render: Render, prev: Turn, new_messages: list[Message],
+                 add_generation_prompt: bool) -> str | None:
+    """Text between the previous turn's tokens and the next prompt's end, or
     None if the template does not render this conversation as a growing prefix."""
-    before = _with_system(prev.instructions, prev.messages[:-1])
+    if not prev.generated:  # a warm-up: its ids are the conversation up to its last message
+        before = render(with_system(prev.instructions, prev.messages), False)
+        following = render(with_system(prev.instructions, prev.messages + new_messages), add_generation_prompt)
+        return following[len(before) :] if following.startswith(before) else None
+    before_msgs = with_system(prev.instructions, prev.messages[:-1])
     # The text of the tokens the model produced, which may differ from the reply
     # the client saw (an incomplete UTF-8 tail is held back from the client).
     # Only the template's text around it matters here; the tokens come from the
     # previous request as they are.
     reply = tok.decode(prev.output_ids)
-    opened = tok.apply_chat_template(before, add_generation_prompt=True)
-    closed = tok.apply_chat_template(before + [{"role": "assistant", "content": reply}], add_generation_prompt=False)
-    following = tok.apply_chat_template(
-        before + [{"role": "assistant", "content": reply}] + new_messages, add_generation_prompt=True
-    )
-    if not closed.startswith(opened + reply) or not following.startswith(closed):
+    message = prev.messages[-1]
+    if not message.get("tool_calls"):
+        message = {**message, "content": reply}
+    opened = render(before_msgs, True)
+    closed = render(before_msgs + [message], False)
+    following = render(before_msgs + [message] + new_messages, add_generation_prompt)
+    if not closed.startswith(opened) or not following.startswith(closed):
         return None
-    closing = closed[len(opened) + len(reply) :]  # e.g. "<|im_end|>\n"
+    rendered = closed[len(opened) :]  # the reply as the template writes it, with its closing
     last = prev.output_ids[-1] if prev.output_ids else None
-    if last is not None and last in tok.eos_token_ids:
-        # The model already wrote the end-of-turn token; the template's copy of it is not repeated.
-        eos_text = tok.token_to_str(last) or ""
-        if not closing.startswith(eos_text):
-            return None
-        closing = closing[len(eos_text) :]
+    eos_text = (tok.token_to_str(last) or "") if last is not None and last in tok.eos_token_ids else None
+    if rendered.startswith(reply):
+        closing = rendered[len(reply) :]  # e.g. "<|im_end|>\n"
+        if eos_text is not None:
+            # The model already wrote the end-of-turn token; the template's copy of it is not repeated.
+            if not closing.startswith(eos_text):
+                return None
+            closing = closing[len(eos_text) :]
+    elif eos_text and eos_text in rendered:
+        # The template lays the reply out otherwise than the model wrote it (a
+        # tool call's JSON, say): the model's own tokens stay, and the template's
+        # text resumes after the end-of-turn marker both of them end with.
+        closing = rendered[rendered.rindex(eos_text) + len(eos_text) :]
+    else:
+        return None
     return closing + following[len(closed) :]

@@ -1,13 +1,29 @@
-"""Typed `response.create` events of the Responses WebSocket mode."""
+"""Typed request bodies of the Responses API: `POST /v1/responses` and the
+WebSocket mode's `response.create` event (the same body, plus `type` and `generate`).
+
+Unknown fields are refused (`extra="forbid"`), as OpenAI refuses them; fields
+we know but do not implement are refused by `unsupported()` with the
+parameter's name. Input items become chat messages in Hugging Face's shape
+(assistant `tool_calls` with dict arguments, `tool` messages with
+`tool_call_id`), the shape chat templates render.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from fastmode.sampling_params import StructuredOutput
+from fastmode.server.conversation import Message
 from fastmode.server.errors import ApiError
 from fastmode.server.openai_models import ServiceTier, Speculative
+
+OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
+# Includes that ask for parts of items this server never produces (reasoning
+# items): there is nothing to include, so asking is not an error.
+_EMPTY_INCLUDES = {"reasoning.encrypted_content"}
 
 
 class _Strict(BaseModel):
@@ -21,6 +37,10 @@ class ContentPart(_Strict):
     logprobs: list[Any] | None = None
 
 
+def _text(content: str | list[ContentPart]) -> str:
+    return content if isinstance(content, str) else "".join(p.text for p in content)
+
+
 class MessageItem(_Strict):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
@@ -28,58 +48,208 @@ class MessageItem(_Strict):
     id: str | None = None
     status: str | None = None
 
-    def as_chat(self) -> dict[str, str]:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+class FunctionCallItem(_Strict):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
 
 
-class ResponseCreate(_Strict):
-    """The Responses body minus `stream`/`background`, as WebSocket mode defines it."""
+class FunctionCallOutputItem(_Strict):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[ContentPart]
+    id: str | None = None
+    status: str | None = None
 
-    type: Literal["response.create"]
+
+def _item_kind(v: Any) -> str | None:
+    kind = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
+    return kind if kind in ("message", "function_call", "function_call_output") else None
+
+
+InputItem = Annotated[
+    Union[
+        Annotated[MessageItem, Tag("message")],
+        Annotated[FunctionCallItem, Tag("function_call")],
+        Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    ],
+    Discriminator(_item_kind, custom_error_type="input_item_type",
+                  custom_error_message="input items must be of type message, function_call or function_call_output"),
+]
+
+
+class FunctionTool(_Strict):
+    """A function tool in the Responses API's flat shape."""
+
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(BaseModel):
+    """`text.format`: text, json_object, or json_schema {name, schema, description, strict}."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class ResponseRequest(_Strict):
+    """The body of `POST /v1/responses`."""
+
     model: str
-    input: str | list[MessageItem]
+    input: str | list[InputItem]
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None  # an extension (Chat Completions has it): reproducible sampling
     service_tier: ServiceTier | None = None
     speculative: Speculative | None = None  # an extension: how to speculate; None = the tier's default
-    store: bool | None = None  # finished responses are kept in a bounded in-memory store either way
+    store: bool | None = None  # false: not kept, so neither GET nor previous_response_id can find it
     metadata: dict[str, str] | None = None
     user: str | None = None
-    prompt_cache_key: str | None = None
-    truncation: Literal["disabled"] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None  # a routing hint; the prefix cache needs none
+    truncation: Literal["auto", "disabled"] | None = None
     parallel_tool_calls: bool | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    text: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    text: TextConfig | None = None
     include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     stream: bool | None = None
+    stream_options: dict[str, Any] | None = None  # include_obfuscation: a no-op, no padding is added
+    # Known, not implemented: refused by name when set.
+    reasoning: dict[str, Any] | None = None
     background: bool | None = None
+    max_tool_calls: int | None = None
+    prompt: Any = None
+    conversation: Any = None
+    context_management: Any = None
+    prompt_cache_retention: Any = None
 
     def unsupported(self) -> None:
+        fmt = self.text.format if self.text else None
         checks = [
-            ("tools", bool(self.tools)),
-            ("tool_choice", self.tool_choice not in (None, "none", "auto")),
-            ("text", self.text not in (None, {"format": {"type": "text"}})),
-            ("reasoning", self.reasoning is not None),
-            ("include", bool(self.include)),
-            ("background", bool(self.background)),
-            ("service_tier", self.service_tier == "scale"),
+            ("tools", bool(self.tools) and self.tool_choice_mode() != "none" and fmt is not None and fmt.type != "text",
+             "`text.format` together with tools is not supported by this server; send one or the other"),
+            ("text.verbosity", self.text is not None and self.text.verbosity is not None, None),
+            ("reasoning", self.reasoning is not None and any(v is not None for v in self.reasoning.values()), None),
+            ("include", any(i not in (OUTPUT_TEXT_LOGPROBS, *_EMPTY_INCLUDES) for i in self.include or ()), None),
+            ("truncation", self.truncation == "auto", None),
+            ("background", bool(self.background), None),
+            ("max_tool_calls", self.max_tool_calls is not None, None),
+            ("prompt", self.prompt is not None, None),
+            ("conversation", self.conversation is not None, None),
+            ("context_management", self.context_management is not None, None),
+            ("prompt_cache_retention", self.prompt_cache_retention is not None, None),
+            ("service_tier", self.service_tier == "scale", None),
         ]
-        for name, bad in checks:
+        for name, bad, message in checks:
             if bad:
                 raise ApiError(
-                    "invalid_request", f"`{name}` is not supported by this server with that value",
+                    "invalid_request", message or f"`{name}` is not supported by this server with that value",
                     param=name, code="unsupported_parameter",
                 )
+        if self.tool_choice_mode() == "named" and self.tool_choice.name not in {t.name for t in self.tools or ()}:
+            raise ApiError("invalid_request", f"tool_choice names the function `{self.tool_choice.name}`, "
+                           "which is not in `tools`", param="tool_choice")
+        if self.tool_choice_mode() in ("required", "named") and not self.tools:
+            raise ApiError("invalid_request", "tool_choice requires a tool call but `tools` is empty", param="tool_choice")
+        if self.tools and len({t.name for t in self.tools}) < len(self.tools):
+            raise ApiError("invalid_request", "two tools have the same name", param="tools")
 
-    def new_messages(self) -> list[dict[str, str]]:
+    def tool_choice_mode(self) -> str:
+        """none | auto | required | named; a request with tools defaults to auto."""
+        if isinstance(self.tool_choice, NamedFunction):
+            return "named"
+        return self.tool_choice or ("auto" if self.tools else "none")
+
+    @property
+    def logprobs(self) -> int | None:
+        """SamplingParams.logprobs: None unless output_text logprobs are included."""
+        if OUTPUT_TEXT_LOGPROBS not in (self.include or ()):
+            return None
+        return self.top_logprobs or 0
+
+    def structured(self) -> StructuredOutput | None:
+        """The grammar `text.format` asks for, or None for plain text."""
+        fmt = self.text.format if self.text else None
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return StructuredOutput("json_object")
+        if fmt.schema_ is None:
+            raise ApiError("invalid_request", "text.format of type json_schema needs a `schema`", param="text.format.schema")
+        return StructuredOutput("json_schema", json.dumps(fmt.schema_))
+
+    def text_config(self) -> dict:
+        """`text` as the response object echoes it."""
+        fmt = self.text.format if self.text else None
+        if fmt is None:
+            return {"format": {"type": "text"}}
+        return {"format": fmt.model_dump(by_alias=True, exclude_none=True)}
+
+    def new_messages(self, history: list[Message]) -> list[Message]:
+        """The input items as chat messages; `history` (earlier turns) names the calls tool outputs answer."""
         if not self.input:
             raise ApiError("invalid_request", "input is empty", param="input")
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
-        return [item.as_chat() for item in self.input]
+        names = {c["id"]: c["function"]["name"] for m in history for c in m.get("tool_calls") or ()}
+        out: list[Message] = []
+        for i, item in enumerate(self.input):
+            if isinstance(item, MessageItem):
+                out.append({"role": "system" if item.role == "developer" else item.role, "content": _text(item.content)})
+            elif isinstance(item, FunctionCallItem):
+                try:
+                    args = json.loads(item.arguments)
+                except json.JSONDecodeError:
+                    args = None
+                if not isinstance(args, dict):
+                    raise ApiError("invalid_request", f"input[{i}].arguments must be a JSON object, as a string",
+                                   param=f"input[{i}].arguments")
+                call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": args}}
+                names[item.call_id] = item.name
+                last = out[-1] if out else None
+                # Calls that follow an assistant message (or other calls) belong to that same assistant turn.
+                if last is not None and last["role"] == "assistant":
+                    last["tool_calls"] = [*(last.get("tool_calls") or ()), call]
+                else:
+                    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            else:
+                if item.call_id not in names:
+                    raise ApiError("invalid_request", f"input[{i}] answers call_id `{item.call_id}`, but no "
+                                   "function_call with that call_id precedes it", param=f"input[{i}].call_id")
+                out.append({"role": "tool", "tool_call_id": item.call_id, "name": names[item.call_id],
+                            "content": _text(item.output)})
+        return out
+
+
+class ResponseCreateEvent(ResponseRequest):
+    """The WebSocket mode's `response.create`: the same body, minus transport fields
+    (`stream` is ignored there: every response streams), plus `generate`."""
+
+    type: Literal["response.create"]
+    generate: bool | None = None  # false: a warm-up that prefills the input and generates nothing

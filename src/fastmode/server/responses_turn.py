@@ -1,0 +1,255 @@
+"""One turn of the Responses API, whatever carries it (HTTP or the WebSocket mode).
+
+`prepare_turn` checks a request and admits it: everything that can be refused
+is refused there, before any event is sent (a bad schema, an unknown
+previous_response_id, a full fast lane). `ResponseRun.events()` then runs it
+and yields the stream events with their sequence numbers, ending with
+response.completed, response.incomplete (max_output_tokens or the context cut
+it) or response.failed. The finished turn is handed to `keep` before the last
+event goes out, so a client that reacts to response.completed at once can
+already chain from it.
+
+A warm-up (`generate: false`, WebSocket mode) prefills the conversation so
+its KV blocks enter the prefix cache, generates nothing, and returns an id
+the next turn chains from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, replace
+
+from fastmode.engine.llm_engine import RequestOutput
+from fastmode.loader.tokenizer import Tokenizer
+from fastmode.server.conversation import Message, Turn, build_prompt
+from fastmode.server.errors import OPENAI, ApiError
+from fastmode.server.generation import Job, make_params, resolve_max_tokens, stop_details
+from fastmode.server.openai_api import tier_choice, tier_fields
+from fastmode.server.responses_events import OutputBuilder, new_id
+from fastmode.server.responses_models import ResponseRequest
+from fastmode.server.state import ServerState
+
+Lookup = Callable[[str], "Turn | None"]
+
+
+@dataclass
+class PreparedTurn:
+    job: Job
+    body: ResponseRequest
+    response_id: str
+    history: list[Message]  # the conversation so far, without the system message
+    generate: bool
+    tools_key: str
+
+
+def _previous(body: ResponseRequest, lookup: Lookup) -> Turn | None:
+    if body.previous_response_id is None:
+        return None
+    prev = lookup(body.previous_response_id)
+    if prev is None:
+        raise ApiError("invalid_request", f"Previous response with id '{body.previous_response_id}' not found.",
+                       param="previous_response_id", code="previous_response_not_found")
+    return prev
+
+
+async def _check_structured(structured, tokenizer: Tokenizer) -> None:
+    """Compile the grammar now, off the event loop and the engine thread: a bad schema is a 400
+    before anything streams (the compiled grammar is cached for the engine to reuse)."""
+    from fastmode.engine.structured import StructuredOutputError, compile_structured
+
+    try:
+        await asyncio.to_thread(compile_structured, structured, tokenizer)
+    except StructuredOutputError as e:
+        raise ApiError("invalid_request", f"text.format: {e}", param="text.format", code="invalid_json_schema") from e
+
+
+async def prepare_turn(state: ServerState, body: ResponseRequest, lookup: Lookup, generate: bool = True) -> PreparedTurn:
+    """Validate, build the prompt and admit; raises ApiError (nothing is left behind)."""
+    model = state.select(body.model)
+    body.unsupported()
+    if body.tools and body.tool_choice_mode() != "none":
+        raise ApiError("invalid_request", "`tools` is not supported by this server yet", param="tools",
+                       code="unsupported_parameter")
+    prev = _previous(body, lookup)
+    history = prev.messages if prev else []
+    new = body.new_messages(history)
+    if any(m["role"] == "tool" or m.get("tool_calls") for m in history + new):
+        raise ApiError("invalid_request", "function calls in the input are not supported by this server yet",
+                       param="input", code="unsupported_parameter")
+    structured = body.structured()
+    if structured is not None and generate:
+        await _check_structured(structured, model.tokenizer)
+    tools_key = ""
+    try:
+        ids, history, _ = build_prompt(model.tokenizer, prev, body.instructions, new, model.name,
+                                       tools=tools_key, add_generation_prompt=generate)
+    except ValueError as e:  # no template, or the template refused the conversation
+        raise ApiError("invalid_request", str(e), param="input") from e
+    if generate:
+        max_tokens = resolve_max_tokens(model.engine, len(ids), body.max_output_tokens, "max_output_tokens")
+    else:  # a warm-up prefills the prompt; the one token sampled with it is dropped
+        resolve_max_tokens(model.engine, len(ids), 1, "max_output_tokens")
+        max_tokens, structured = 1, None
+    params = make_params(model, temperature=body.temperature, top_p=body.top_p, seed=body.seed, max_tokens=max_tokens,
+                         speculative=body.speculative, structured=structured,
+                         logprobs=body.logprobs if generate else None)
+    admission = model.admission.admit(tier_choice(body.service_tier), len(ids), max_tokens)
+    job = Job(state, model, ids, params, admission)
+    return PreparedTurn(job, body, new_id("resp"), history, generate, tools_key)
+
+
+def usage(o: RequestOutput | None, prompt_len: int, generated: bool = True) -> dict:
+    """The Responses API's usage, plus what fastmode metered for this request."""
+    m = o.metrics if o else None
+    out = len(o.token_ids) if o and generated else 0
+    return {
+        "input_tokens": prompt_len,
+        "input_tokens_details": {"cached_tokens": m.cached_tokens if m else 0},
+        "output_tokens": out,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt_len + out,
+        "cost_usd": m.cost_usd if m else 0.0,
+        "machine_seconds": m.machine_s if m else 0.0,
+        "time_to_first_token_seconds": m.ttft_s if m and generated else None,
+    }
+
+
+def token_bytes(tok: Tokenizer, token_id: int) -> bytes:
+    """The bytes a token stands for (a byte-level BPE token may hold part of a UTF-8 character)."""
+    piece = tok.token_to_str(token_id) or ""
+    table = _byte_decoder()
+    if piece and all(ch in table for ch in piece):
+        return bytes(table[ch] for ch in piece)
+    if piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:  # SentencePiece byte fallback
+        return bytes([int(piece[3:5], 16)])
+    return tok.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+
+_BYTE_DECODER: dict[str, int] | None = None
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte."""
+    global _BYTE_DECODER
+    if _BYTE_DECODER is None:
+        from tokenizers import pre_tokenizers
+
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        printable = [b for b in range(256) if chr(b) in alphabet]
+        others = [b for b in range(256) if chr(b) not in alphabet]
+        table = {chr(b): b for b in printable}
+        table.update({chr(256 + i): b for i, b in enumerate(others)})
+        _BYTE_DECODER = table
+    return _BYTE_DECODER
+
+
+def _logprob_entry(tok: Tokenizer, token_id: int, logprob: float) -> dict:
+    raw = token_bytes(tok, token_id)
+    return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+
+
+def logprob_entries(tok: Tokenizer, o: RequestOutput) -> list[dict]:
+    """OpenAI's per-token logprobs for what this step added."""
+    return [{**_logprob_entry(tok, lp.token_id, lp.logprob),
+             "top_logprobs": [_logprob_entry(tok, t, p) for t, p in lp.top]}
+            for lp in getattr(o, "delta_logprobs", None) or ()]
+
+
+class ResponseRun:
+    """Runs a prepared turn; `events()` yields the stream, `keep(turn)` receives the finished turn."""
+
+    def __init__(self, p: PreparedTurn, keep: Callable[[Turn], None]):
+        self.p = p
+        self.keep = keep
+        self.error: ApiError | None = None  # why the response failed, if it did
+        self.final: dict | None = None  # the response object the last event carries
+        self._seq = 0
+        body, job = p.body, p.job
+        self.response = {
+            "id": p.response_id, "object": "response", "created_at": int(time.time()), "status": "in_progress",
+            "background": False, "error": None, "incomplete_details": None, "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens, "model": job.model.name, "output": [],
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "previous_response_id": body.previous_response_id, "reasoning": {"effort": None, "summary": None},
+            "store": body.store is not False, "temperature": job.params.temperature, "text": body.text_config(),
+            "tool_choice": body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump")
+            else body.tool_choice_mode(),
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()], "top_logprobs": body.top_logprobs,
+            "top_p": job.params.top_p, "truncation": "disabled", "usage": None, "user": body.user,
+            "metadata": body.metadata or {}, **tier_fields(job.admission),
+        }
+
+    def _event(self, event: dict) -> dict:
+        event = {**event, "sequence_number": self._seq}
+        self._seq += 1
+        return event
+
+    async def events(self) -> AsyncIterator[dict]:
+        job = self.p.job
+        try:
+            yield self._event({"type": "response.created", "response": self.response})
+            yield self._event({"type": "response.in_progress", "response": self.response})
+            stream = self._generate() if self.p.generate else self._warm_up()
+            async with aclosing(stream) as events:
+                async for event in events:
+                    yield self._event(event)
+        finally:
+            job.close()
+
+    async def _warm_up(self) -> AsyncIterator[dict]:
+        job = self.p.job
+        try:
+            async with aclosing(job.outputs()) as outs:
+                async for _ in outs:
+                    pass
+        except ApiError as e:
+            yield self._failed(e, [])
+            return
+        final = {**self.response, "status": "completed", "usage": usage(job.last, len(job.prompt_ids), False)}
+        self._finish(Turn(self.p.response_id, self.p.body.instructions, self.p.history, list(job.prompt_ids), [],
+                          True, job.model.name, self.p.tools_key, generated=False), final)
+        yield {"type": "response.completed", "response": final}
+
+    async def _generate(self) -> AsyncIterator[dict]:
+        job, tok = self.p.job, self.p.job.model.tokenizer
+        out = OutputBuilder()
+        with_logprobs = job.params.logprobs is not None
+        for event in out.open_message():
+            yield event
+        try:
+            async with aclosing(job.outputs()) as outs:
+                async for o in outs:
+                    for event in out.text(o.delta_text, logprob_entries(tok, o) if with_logprobs else None):
+                        yield event
+        except ApiError as e:
+            for event in out.finish("incomplete"):
+                yield event
+            yield self._failed(e, out.output)
+            return
+        o = job.last
+        kind, _ = stop_details(o, job.params, tok)
+        status = "incomplete" if kind == "length" else "completed"
+        for event in out.finish(status):
+            yield event
+        final = {**self.response, "status": status, "output": out.output, "usage": usage(o, len(o.prompt_token_ids))}
+        if status == "incomplete":
+            final["incomplete_details"] = {"reason": "max_output_tokens"}
+        reply = {"role": "assistant", "content": out.text_so_far}
+        self._finish(Turn(self.p.response_id, self.p.body.instructions, self.p.history + [reply],
+                          list(o.prompt_token_ids), list(o.token_ids), reusable=kind != "stop_string",
+                          model=job.model.name, tools=self.p.tools_key), final)
+        yield {"type": f"response.{status}", "response": final}
+
+    def _finish(self, turn: Turn, final: dict) -> None:
+        self.final = final
+        self.keep(replace(turn, response=final))
+
+    def _failed(self, e: ApiError, output: list[dict]) -> dict:
+        self.error = e
+        code = {"rate_limit": "rate_limit_exceeded", "invalid_request": "invalid_prompt"}.get(e.kind, "server_error")
+        self.final = {**self.response, "status": "failed", "output": output,
+                      "error": {"code": code, "message": e.body(OPENAI)["error"]["message"]}}
+        return {"type": "response.failed", "response": self.final}
