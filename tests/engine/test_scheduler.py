@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from fastmode.engine.scheduler import Scheduler, SchedulerConfig
-from fastmode.engine.sequence import FinishReason, Sequence, Status
+from fastmode.engine.sequence import FinishReason, LengthLimit, Sequence, Status
 from fastmode.engine.tiers import Tier
 from fastmode.sampling_params import SamplingParams
 
@@ -235,6 +235,27 @@ def test_finishing_by_length_and_eos_frees_blocks():
     for _ in range(5):
         step(s)
     assert s.get("eos") is None and s.get("len") is None and free_ok(s)
+
+
+def test_the_stop_or_limit_that_ended_a_sequence_is_recorded():
+    s = Scheduler(SchedulerConfig(num_blocks=32, block_size=4, max_model_len=12), eos_token_ids=frozenset({TOKEN}))
+    eos = make("eos", max_tokens=10)
+    stop_id = Sequence("stop-id", [1, 2, 3], SamplingParams(max_tokens=10, ignore_eos=True, stop_token_ids=(TOKEN,)))
+    budget = Sequence("budget", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
+    context = Sequence("context", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], SamplingParams(max_tokens=50, ignore_eos=True))
+    both = Sequence("both", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], SamplingParams(max_tokens=2, ignore_eos=True))
+    seqs = [eos, stop_id, budget, context, both]
+    for seq in seqs:
+        s.add(seq)
+    for _ in range(6):
+        step(s)
+    assert all(seq.is_finished for seq in seqs) and free_ok(s)
+    assert [seq.finish_reason for seq in seqs] == [FinishReason.STOP] * 2 + [FinishReason.LENGTH] * 3
+    assert (eos.stop_reason, eos.length_limit) == (TOKEN, None)
+    assert (stop_id.stop_reason, stop_id.length_limit) == (TOKEN, None)
+    assert (budget.stop_reason, budget.length_limit) == (None, LengthLimit.MAX_TOKENS)
+    assert len(context.output_token_ids) == 2 and context.length_limit is LengthLimit.CONTEXT
+    assert both.length_limit is LengthLimit.CONTEXT  # both limits on the same token: the context is full
 
 
 def test_incremental_counts_match_a_recount_under_churn():

@@ -23,6 +23,7 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0  # tokens before the window
         self._read_offset = 0  # tokens whose text is already in self.text
         self.stopped = False
+        self.stop_str: str | None = None  # the stop string that matched, once `stopped`
         # Text is held back while it could still grow into a stop string.
         self._held = max((len(s) for s in self.stop), default=1) - 1
         self.emitted = 0
@@ -49,7 +50,7 @@ class IncrementalDetokenizer:
         if hits:
             i, s = min(hits)
             self.text = self.text[: i + len(s)] if self.include_stop else self.text[:i]
-            self.stopped = True
+            self.stopped, self.stop_str = True, s
 
     def take_delta(self, finished: bool) -> str:
         """New text safe to show: all of it when finished, else minus a possible stop prefix."""

@@ -31,7 +31,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RequestOutput:
-    """A request's state after a step. `delta_*` is what this step added."""
+    """A request's state after a step. `delta_*` is what this step added.
+
+    A finished request says what ended it: `stop_reason` is the EOS or stop token id, or the
+    stop string, of a "stop" finish; `length_limit` is "max_tokens" or "context" for a
+    "length" finish (the context is reported when both are reached by the same token)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -43,6 +47,8 @@ class RequestOutput:
     finish_reason: str | None
     tier: str
     metrics: RequestMetrics | None = None
+    stop_reason: int | str | None = None
+    length_limit: str | None = None  # "max_tokens" | "context"
 
 
 @dataclass
@@ -257,6 +263,7 @@ class LLMEngine:
         out_ids = seq.output_token_ids
         tr.detok.add(out_ids)
         if tr.detok.stopped and not seq.is_finished:
+            seq.stop_reason = tr.detok.stop_str
             self.scheduler.finish(seq, FinishReason.STOP, self.clock())
         finished = seq.is_finished
         delta_text = tr.detok.take_delta(finished)
@@ -278,4 +285,6 @@ class LLMEngine:
             finish_reason=seq.finish_reason.value if seq.finish_reason else None,
             tier=seq.tier.value,
             metrics=metrics,
+            stop_reason=seq.stop_reason,
+            length_limit=seq.length_limit.value if seq.length_limit else None,
         )

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from fastmode.engine.block_manager import BlockManager
-from fastmode.engine.sequence import FinishReason, Sequence, Status
+from fastmode.engine.sequence import FinishReason, LengthLimit, Sequence, Status
 from fastmode.engine.tiers import Tier
 from fastmode.engine.waiting_queue import TieredQueue
 
@@ -325,9 +325,11 @@ class Scheduler:
             token_ids.append(tok)
             reason = None
             if (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids:
-                reason = FinishReason.STOP
-            elif len(token_ids) - seq.num_prompt_tokens >= p.max_tokens or len(token_ids) >= self.config.max_model_len:
-                reason = FinishReason.LENGTH
+                reason, seq.stop_reason = FinishReason.STOP, tok
+            elif len(token_ids) >= self.config.max_model_len:
+                reason, seq.length_limit = FinishReason.LENGTH, LengthLimit.CONTEXT
+            elif len(token_ids) - seq.num_prompt_tokens >= p.max_tokens:
+                reason, seq.length_limit = FinishReason.LENGTH, LengthLimit.MAX_TOKENS
             if reason is not None:
                 # KV of tokens past a stop is discarded with the rest of the sequence.
                 seq.num_computed_tokens = min(seq.num_computed_tokens, len(seq) - 1)

@@ -15,10 +15,15 @@ class Status(Enum):
 
 
 class FinishReason(str, Enum):
-    STOP = "stop"  # EOS, stop token or stop string
-    LENGTH = "length"  # max_tokens or the context limit
+    STOP = "stop"  # EOS, stop token or stop string: `Sequence.stop_reason` says which
+    LENGTH = "length"  # max_tokens or the context limit: `Sequence.length_limit` says which
     ABORT = "abort"
     ERROR = "error"
+
+
+class LengthLimit(str, Enum):
+    MAX_TOKENS = "max_tokens"  # the request's own output budget
+    CONTEXT = "context"  # the model's context (max_model_len): checked first, so a full context says so
 
 
 class Sequence:
@@ -45,6 +50,10 @@ class Sequence:
         self.arrival_time_s = arrival_time_s
         self.status = Status.WAITING
         self.finish_reason: FinishReason | None = None
+        # What ended it, recorded where it was seen: the EOS or stop token id (scheduler) or the
+        # stop string (detokenizer) of a STOP finish; the limit of a LENGTH finish.
+        self.stop_reason: int | str | None = None
+        self.length_limit: LengthLimit | None = None
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
         self.block_table: list[int] = []

@@ -67,20 +67,15 @@ def make_params(model: ServedModel, **kwargs) -> SamplingParams:
 
 
 def stop_details(o: RequestOutput, params: SamplingParams, tokenizer) -> tuple[str, str | None]:
-    """Why a finished request stopped: ("eos" | "stop_string" | "length", the stop string matched)."""
+    """Why a finished request stopped: ("eos" | "stop_string" | "length", the stop string matched).
+
+    Read from what the engine recorded when it stopped (`o.stop_reason`, a token id or the stop
+    string); `params` and `tokenizer` are not needed for that."""
     if o.finish_reason == "length":
         return "length", None
-    last = o.token_ids[-1] if o.token_ids else None
-    if not params.stop or last in tokenizer.eos_token_ids or last in params.stop_token_ids:
-        return "eos", None
-    # The returned text ends where the stop string began: the full decode shows which one it was.
-    full = tokenizer.decode(o.token_ids)
-    at = len(o.text)
-    for s in params.stop:
-        if full.startswith(s, at) or o.text.endswith(s):
-            return "stop_string", s
-    found = [(full.find(s), s) for s in params.stop if s in full]
-    return "stop_string", min(found)[1] if found else params.stop[0]
+    if isinstance(o.stop_reason, str):
+        return "stop_string", o.stop_reason
+    return "eos", None
 
 
 class Job:
