@@ -97,7 +97,7 @@ def serve(loaded, config: ServerConfig | None = None, extra: Sequence[LoadedMode
     # One torch thread: the tiny model gains nothing from more, and the server and the
     # test client need the other core. Restored afterwards (the setting is process-wide).
     threads = torch.get_num_threads()
-    kwargs = dict(model=str(loaded.path), dtype="float32", kv_cache_gib=0.01, num_threads=1, **engine_kwargs)
+    kwargs = {**dict(model=str(loaded.path), dtype="float32", kv_cache_gib=0.01, num_threads=1), **engine_kwargs}
     engine = LLMEngine(EngineConfig(**kwargs), loaded=loaded)
     extra_engines = [LLMEngine(EngineConfig(**{**kwargs, "model": str(x.path), "speculative": "off", "draft_model": None}),
                                loaded=x) for x in extra]
