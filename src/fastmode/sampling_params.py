@@ -3,6 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+StructuredKind = Literal["json_schema", "json_object", "regex", "lark"]
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A grammar the output must follow, enforced token by token while decoding.
+
+    `spec` is the JSON schema (serialized JSON text) for "json_schema", the
+    pattern for "regex", the grammar for "lark" (llguidance's Lark dialect,
+    which may embed `%json {...}` schemas), and empty for "json_object"
+    (any JSON object).
+    """
+
+    kind: StructuredKind
+    spec: str = ""
 
 
 @dataclass(frozen=True)
@@ -23,6 +40,11 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     speculative: str | None = None  # None = the tier/server default; "off", "ngram", "draft"
+    structured: StructuredOutput | None = None  # a grammar the output must match
+    logprobs: int | None = None  # None: off; 0: the chosen token's logprob; k: plus the k most likely
+    presence_penalty: float = 0.0  # OpenAI semantics: subtracted once from every token already output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output so far
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
 
     def __post_init__(self) -> None:
         # Accept a single stop string or a list; store tuples so the object stays hashable.

@@ -20,6 +20,7 @@ from fastmode.engine.metering import RequestMetrics, attribute_step, request_met
 from fastmode.engine.model_runner import ModelRunner
 from fastmode.engine.scheduler import Scheduler
 from fastmode.engine.sequence import FinishReason, Sequence
+from fastmode.engine.structured import compile_structured
 from fastmode.engine.tiers import Tier
 from fastmode.loader import LoadedModel, load_model
 from fastmode.sampling_params import SamplingParams
@@ -156,6 +157,8 @@ class LLMEngine:
         rid = request_id or f"req-{next(self._ids)}"
         seq = Sequence(rid, ids, params, Tier.parse(tier), arrival_time_s=self.clock())
         self.scheduler.check(seq)  # raises ValueError
+        if params.structured is not None:  # compiled here, off the engine thread; cached per spec
+            seq.grammar = compile_structured(params.structured, self.tokenizer)  # raises StructuredOutputError
         return seq
 
     def add_sequence(self, seq: Sequence) -> str:

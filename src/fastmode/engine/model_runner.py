@@ -2,18 +2,42 @@
 
 The runner decides nothing: which sequences and how many tokens come from the
 scheduler. It owns the KV cache tensors (one K and one V tensor per layer) and
-the per-request random generators.
+the per-request sampling state: random generators, structured-output matchers
+and the logprobs not yet handed to the engine.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
 import torch
 
-from fastmode.engine.sampler import make_generator, probs_from_logits, sample_row
+from fastmode.engine.sampler import (
+    TokenLogprob,
+    adjusts_logits,
+    apply_bias,
+    apply_penalties,
+    make_generator,
+    probs_from_logits,
+    sample_row,
+    token_logprob,
+)
 from fastmode.engine.scheduler import ScheduledSeq, SchedulerOutput
+from fastmode.engine.structured import allowed_tokens, fill_masks
 from fastmode.models.attention_batch import AttentionBatch, PrefillSpan, decode_mask
 from fastmode.models.cpu_packing import can_pack, pack_linears
 from fastmode.models.llama import LlamaModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _GrammarState:
+    """A request's structured-output matcher and how many of its output tokens it has seen."""
+
+    matcher: object  # llguidance.LLMatcher
+    num_consumed: int = 0
 
 
 # Spans up to this long after existing context run as decode rows (their attention reads the
@@ -32,9 +56,17 @@ class ModelRunner:
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype)) for _ in range(cfg.num_layers)]
         self.generators: dict[str, torch.Generator] = {}
+        self.grammars: dict[str, _GrammarState] = {}
+        self.logprobs: dict[str, list[TokenLogprob]] = {}  # per sampled token, until taken
 
     def release(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
+        self.grammars.pop(request_id, None)
+        self.logprobs.pop(request_id, None)
+
+    def take_logprobs(self, request_id: str) -> list[TokenLogprob]:
+        """The logprobs of the tokens sampled for a request since the last call, in order."""
+        return self.logprobs.pop(request_id, [])
 
     @staticmethod
     def _as_rows(s: ScheduledSeq) -> bool:
@@ -120,24 +152,97 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, row_owner: list[tuple[ScheduledSeq, int]]) -> dict[str, list[int]]:
         result: dict[str, list[int]] = {}
-        # Every greedy row's token from one batched argmax (ties go to the lowest id, as per row).
-        top = logits.argmax(-1).tolist() if any(s.seq.params.greedy for s, _ in row_owner) else []
+        # Rows of requests with penalties, bias or a grammar are reshaped in place first, so
+        # every later stage (argmax, sampling, verification, logprobs) reads the shaped logits.
+        firsts: list[int] = []
+        shaped: list[tuple[ScheduledSeq, int, int]] = []
         row = 0
         for s, k in row_owner:
+            firsts.append(row)
+            if s.seq.grammar is not None or adjusts_logits(s.seq.params):
+                shaped.append((s, k, row))
+            row += k
+        if shaped:
+            self._shape(logits, shaped)
+        # Every greedy row's token from one batched argmax (ties go to the lowest id, as per row).
+        top = logits.argmax(-1).tolist() if any(s.seq.params.greedy for s, _ in row_owner) else []
+        for (s, k), row in zip(row_owner, firsts):
             seq, p = s.seq, s.seq.params
             rows, drafts = slice(row, row + k), seq.draft_token_ids[: k - 1]
-            row += k
             if p.greedy:
-                result[seq.request_id] = self._verify_greedy(top[rows], drafts)
-                continue
-            gen = self.generators.get(seq.request_id)
-            if gen is None:
-                gen = self.generators[seq.request_id] = make_generator(p.seed)
-            if k == 1:
-                result[seq.request_id] = [sample_row(logits[rows][0], p, gen)]
+                new = self._verify_greedy(top[rows], drafts)
             else:
-                result[seq.request_id] = self._verify(logits[rows], drafts, p, gen)
+                gen = self.generators.get(seq.request_id)
+                if gen is None:
+                    gen = self.generators[seq.request_id] = make_generator(p.seed)
+                if k == 1:
+                    new = [sample_row(logits[rows][0], p, gen)]
+                else:
+                    new = self._verify(logits[rows], drafts, p, gen)
+            result[seq.request_id] = new
+            if seq.grammar is not None:
+                self._advance(seq.request_id, new)
+            if p.logprobs is not None:
+                # Row j scored the position after drafts[:j], which are exactly the tokens
+                # accepted before new[j].
+                lps = self.logprobs.setdefault(seq.request_id, [])
+                lps += [token_logprob(logits[row + j], t, p.logprobs) for j, t in enumerate(new)]
         return result
+
+    def _shape(self, logits: torch.Tensor, shaped: list[tuple[ScheduledSeq, int, int]]) -> None:
+        """Penalties, bias and the grammar mask, in place on each shaped request's k rows
+        (k - 1 drafts + 1). Row i follows drafts[:i]: its penalties count them and its mask is
+        the grammar's state after them."""
+        constrained = [(s, k) for s, k, _ in shaped if s.seq.grammar is not None]
+        allowed = None
+        if constrained:
+            entries = []
+            num_rows = 0
+            for s, k in constrained:
+                state = self._grammar_state(s.seq)
+                entries.append((state.matcher, num_rows, s.seq.draft_token_ids[: k - 1]))
+                num_rows += k
+            grammar = constrained[0][0].seq.grammar
+            bitmask = fill_masks(entries, num_rows, grammar.mask_words)
+            allowed = allowed_tokens(bitmask, logits.shape[-1], grammar.eos_token_id)
+        mask_row = 0
+        for s, k, row in shaped:
+            seq, p = s.seq, s.seq.params
+            block = logits[row : row + k]  # a view: edits land in `logits`
+            if p.presence_penalty or p.frequency_penalty:
+                out, drafts = seq.output_token_ids, seq.draft_token_ids[: k - 1]
+                for i in range(k):
+                    apply_penalties(block[i], out + drafts[:i], p)
+            apply_bias(block, p)
+            if seq.grammar is not None:
+                block.masked_fill_(~allowed[mask_row : mask_row + k], float("-inf"))
+                mask_row += k
+
+    def _grammar_state(self, seq) -> _GrammarState:
+        """The request's matcher, brought level with its output tokens (created on first use)."""
+        state = self.grammars.get(seq.request_id)
+        if state is None:
+            state = self.grammars[seq.request_id] = _GrammarState(seq.grammar.matcher())
+        n = seq.num_output_tokens
+        if state.num_consumed < n:
+            self._advance(seq.request_id, seq.output_token_ids[state.num_consumed :])
+        elif state.num_consumed > n:  # tokens the scheduler did not keep
+            state.matcher.rollback(state.num_consumed - n)
+            state.num_consumed = n
+        return state
+
+    def _advance(self, request_id: str, tokens: list[int]) -> None:
+        """Feed a request's new tokens to its matcher. Tokens after the grammar has stopped
+        (EOS under ignore_eos) are counted but not fed: the matcher then allows only EOS."""
+        state = self.grammars[request_id]
+        m = state.matcher
+        for t in tokens:
+            if m.is_stopped():
+                break
+            if not m.consume_token(t):
+                log.warning("request %s: token %d broke its grammar: %s", request_id, t, m.get_error())
+                break
+        state.num_consumed += len(tokens)
 
     @staticmethod
     def _verify_greedy(top: list[int], drafts: list[int]) -> list[int]:

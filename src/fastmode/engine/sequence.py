@@ -59,6 +59,9 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # chain hashes of the full blocks registered so far
         self.draft_token_ids: list[int] = []  # speculative proposals for the next step
+        # The compiled structured-output grammar (engine/structured.CompiledGrammar) when
+        # params.structured is set; the model runner masks this request's logits with it.
+        self.grammar: object | None = None
         # Timings (seconds on the scheduler's clock) and metering.
         self.first_scheduled_s: float | None = None
         self.first_token_s: float | None = None
