@@ -106,7 +106,7 @@ def test_unknown_previous_response_and_unknown_model(server):
         assert err["code"] == "previous_response_not_found" and err["param"] == "previous_response_id"
         err = run_turn(ws, model="gpt-9", input="hi")[-1]
         assert err["status"] == 404 and err["code"] == "model_not_found"
-        err = run_turn(ws, model=server.model, input="hi", tools=[{"type": "function", "name": "f"}])[-1]
+        err = run_turn(ws, model=server.model, input="hi", tools=[{"type": "web_search"}])[-1]
         assert err["param"] == "tools"
 
 

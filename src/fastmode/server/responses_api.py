@@ -43,7 +43,7 @@ async def create_response(body: ResponseRequest, request: Request):
             state.responses.put(turn)
 
     run = ResponseRun(p, keep)
-    headers = {**response_headers(p.job.admission), "x-request-id": p.response_id}
+    headers = response_headers(p.job.admission, p.response_id)
     if body.stream:
         return SSEResponse(_sse(run), on_close=p.job.close, headers=headers)
     if not await _run_unless_gone(request, run):

@@ -11,14 +11,16 @@ parameter's name. Input items become chat messages in Hugging Face's shape
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic_core import PydanticCustomError
 
 from fastmode.sampling_params import StructuredOutput
 from fastmode.server.conversation import Message
 from fastmode.server.errors import ApiError
 from fastmode.server.openai_models import ServiceTier, Speculative
+from fastmode.server.tools import ToolChoice, ToolSpec
 
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
 # Includes that ask for parts of items this server never produces (reasoning
@@ -72,11 +74,7 @@ def _item_kind(v: Any) -> str | None:
 
 
 InputItem = Annotated[
-    Union[
-        Annotated[MessageItem, Tag("message")],
-        Annotated[FunctionCallItem, Tag("function_call")],
-        Annotated[FunctionCallOutputItem, Tag("function_call_output")],
-    ],
+    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")] | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
     Discriminator(_item_kind, custom_error_type="input_item_type",
                   custom_error_message="input items must be of type message, function_call or function_call_output"),
 ]
@@ -86,7 +84,7 @@ class FunctionTool(_Strict):
     """A function tool in the Responses API's flat shape."""
 
     type: Literal["function"]
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    name: str  # tools.check_tools refuses a bad one, naming the tool
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -149,36 +147,44 @@ class ResponseRequest(_Strict):
     context_management: Any = None
     prompt_cache_retention: Any = None
 
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _function_tools_only(cls, tools: Any) -> Any:
+        for i, t in enumerate(tools if isinstance(tools, list) else ()):
+            kind = t.get("type") if isinstance(t, dict) else None
+            if kind != "function":
+                raise PydanticCustomError("unsupported_tool", "tools[{i}] has type {kind}; this server offers "
+                                          "function tools only", {"i": i, "kind": repr(kind)})
+        return tools
+
     def unsupported(self) -> None:
-        fmt = self.text.format if self.text else None
         checks = [
-            ("tools", bool(self.tools) and self.tool_choice_mode() != "none" and fmt is not None and fmt.type != "text",
-             "`text.format` together with tools is not supported by this server; send one or the other"),
-            ("text.verbosity", self.text is not None and self.text.verbosity is not None, None),
-            ("reasoning", self.reasoning is not None and any(v is not None for v in self.reasoning.values()), None),
-            ("include", any(i not in (OUTPUT_TEXT_LOGPROBS, *_EMPTY_INCLUDES) for i in self.include or ()), None),
-            ("truncation", self.truncation == "auto", None),
-            ("background", bool(self.background), None),
-            ("max_tool_calls", self.max_tool_calls is not None, None),
-            ("prompt", self.prompt is not None, None),
-            ("conversation", self.conversation is not None, None),
-            ("context_management", self.context_management is not None, None),
-            ("prompt_cache_retention", self.prompt_cache_retention is not None, None),
-            ("service_tier", self.service_tier == "scale", None),
+            ("text.verbosity", self.text is not None and self.text.verbosity is not None),
+            ("reasoning", self.reasoning is not None and any(v is not None for v in self.reasoning.values())),
+            ("include", any(i not in (OUTPUT_TEXT_LOGPROBS, *_EMPTY_INCLUDES) for i in self.include or ())),
+            ("truncation", self.truncation == "auto"),
+            ("background", bool(self.background)),
+            ("max_tool_calls", self.max_tool_calls is not None),
+            ("prompt", self.prompt is not None),
+            ("conversation", self.conversation is not None),
+            ("context_management", self.context_management is not None),
+            ("prompt_cache_retention", self.prompt_cache_retention is not None),
+            ("service_tier", self.service_tier == "scale"),
         ]
-        for name, bad, message in checks:
+        for name, bad in checks:
             if bad:
                 raise ApiError(
-                    "invalid_request", message or f"`{name}` is not supported by this server with that value",
+                    "invalid_request", f"`{name}` is not supported by this server with that value",
                     param=name, code="unsupported_parameter",
                 )
-        if self.tool_choice_mode() == "named" and self.tool_choice.name not in {t.name for t in self.tools or ()}:
-            raise ApiError("invalid_request", f"tool_choice names the function `{self.tool_choice.name}`, "
-                           "which is not in `tools`", param="tool_choice")
-        if self.tool_choice_mode() in ("required", "named") and not self.tools:
-            raise ApiError("invalid_request", "tool_choice requires a tool call but `tools` is empty", param="tool_choice")
-        if self.tools and len({t.name for t in self.tools}) < len(self.tools):
-            raise ApiError("invalid_request", "two tools have the same name", param="tools")
+
+    def tool_specs(self) -> list[ToolSpec]:
+        return [ToolSpec(t.name, t.description or "", t.parameters or {"type": "object", "properties": {}},
+                         bool(t.strict)) for t in self.tools or ()]
+
+    def choice(self) -> ToolChoice:
+        mode = self.tool_choice_mode()
+        return ToolChoice(mode, self.tool_choice.name if mode == "named" else None, self.parallel_tool_calls is not False)
 
     def tool_choice_mode(self) -> str:
         """none | auto | required | named; a request with tools defaults to auto."""

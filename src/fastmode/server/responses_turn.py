@@ -17,6 +17,7 @@ the next turn chains from.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -24,13 +25,31 @@ from dataclasses import dataclass, replace
 
 from fastmode.engine.llm_engine import RequestOutput
 from fastmode.loader.tokenizer import Tokenizer
+from fastmode.sampling_params import StructuredOutput
 from fastmode.server.conversation import Message, Turn, build_prompt
 from fastmode.server.errors import OPENAI, ApiError
-from fastmode.server.generation import Job, make_params, resolve_max_tokens, stop_details
+from fastmode.server.generation import (
+    Job,
+    make_params,
+    resolve_max_tokens,
+    stop_details,
+)
 from fastmode.server.openai_api import tier_choice, tier_fields
 from fastmode.server.responses_events import OutputBuilder, new_id
 from fastmode.server.responses_models import ResponseRequest
 from fastmode.server.state import ServerState
+from fastmode.server.tools import (
+    ArgumentsDelta,
+    CallEnd,
+    CallStart,
+    TextDelta,
+    ToolCallParser,
+    ToolChoice,
+    ToolError,
+    ToolSpec,
+    render_text,
+    tool_grammar,
+)
 
 Lookup = Callable[[str], "Turn | None"]
 
@@ -43,6 +62,7 @@ class PreparedTurn:
     history: list[Message]  # the conversation so far, without the system message
     generate: bool
     tools_key: str
+    calls_possible: bool  # tools are offered and tool_choice is not none: the output is parsed for calls
 
 
 def _previous(body: ResponseRequest, lookup: Lookup) -> Turn | None:
@@ -55,7 +75,7 @@ def _previous(body: ResponseRequest, lookup: Lookup) -> Turn | None:
     return prev
 
 
-async def _check_structured(structured, tokenizer: Tokenizer) -> None:
+async def _check_structured(structured: StructuredOutput, tokenizer: Tokenizer, param: str) -> None:
     """Compile the grammar now, off the event loop and the engine thread: a bad schema is a 400
     before anything streams (the compiled grammar is cached for the engine to reuse)."""
     from fastmode.engine.structured import StructuredOutputError, compile_structured
@@ -63,28 +83,59 @@ async def _check_structured(structured, tokenizer: Tokenizer) -> None:
     try:
         await asyncio.to_thread(compile_structured, structured, tokenizer)
     except StructuredOutputError as e:
-        raise ApiError("invalid_request", f"text.format: {e}", param="text.format", code="invalid_json_schema") from e
+        raise ApiError("invalid_request", f"{param}: {e}", param=param, code="invalid_json_schema") from e
+
+
+def _calls_or_answer(tools: list[ToolSpec], choice: ToolChoice, answer: StructuredOutput) -> StructuredOutput:
+    """tool_choice auto with a `text.format`: the turn is either calls or one answer under the format."""
+    from fastmode.engine.structured import JSON_LAYOUT
+
+    calls = tool_grammar(tools, ToolChoice("required", None, choice.parallel))
+    start, rest = calls.spec.split("\n", 1)
+    if not start.startswith("start: "):  # tool_grammar's first rule is its start rule
+        raise ApiError("invalid_request", "`text.format` together with tools is not supported by this server",
+                       param="text.format", code="unsupported_parameter")
+    schema = json.loads(answer.spec) if answer.kind == "json_schema" else {"type": "object"}
+    if isinstance(schema, dict):
+        schema = {**schema, "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
+    answer_rule = f"answer: %json {json.dumps(schema, ensure_ascii=False)}\n"
+    return StructuredOutput("lark", f"start: answer | {start[len('start: '):]}\n{answer_rule}{rest}")
+
+
+def _grammar(body: ResponseRequest, tools: list[ToolSpec], choice: ToolChoice) -> tuple[StructuredOutput | None, str]:
+    """The turn's grammar and the request field it comes from (for error messages)."""
+    answer = body.structured()
+    try:
+        if answer is None or (tools and choice.mode in ("required", "named")):
+            return tool_grammar(tools, choice), "tools"
+        if tools and choice.mode == "auto":
+            return _calls_or_answer(tools, choice, answer), "text.format"
+        return answer, "text.format"
+    except ToolError as e:
+        raise ApiError("invalid_request", str(e), param=e.param) from e
 
 
 async def prepare_turn(state: ServerState, body: ResponseRequest, lookup: Lookup, generate: bool = True) -> PreparedTurn:
     """Validate, build the prompt and admit; raises ApiError (nothing is left behind)."""
     model = state.select(body.model)
     body.unsupported()
-    if body.tools and body.tool_choice_mode() != "none":
-        raise ApiError("invalid_request", "`tools` is not supported by this server yet", param="tools",
-                       code="unsupported_parameter")
+    tok = model.tokenizer
+    tools = body.tool_specs()
+    choice = body.choice()
     prev = _previous(body, lookup)
     history = prev.messages if prev else []
     new = body.new_messages(history)
-    if any(m["role"] == "tool" or m.get("tool_calls") for m in history + new):
-        raise ApiError("invalid_request", "function calls in the input are not supported by this server yet",
-                       param="input", code="unsupported_parameter")
-    structured = body.structured()
+    structured, param = _grammar(body, tools, choice)
     if structured is not None and generate:
-        await _check_structured(structured, model.tokenizer)
-    tools_key = ""
+        await _check_structured(structured, tok, param)
+    # Tools are part of the prompt: a turn offering other tools cannot extend the previous one's tokens.
+    tools_key = json.dumps([t.as_hf() for t in tools], sort_keys=True) if tools else ""
+
+    def render(messages: list[Message], add_generation_prompt: bool) -> str:
+        return render_text(tok, messages, tools, add_generation_prompt)
+
     try:
-        ids, history, _ = build_prompt(model.tokenizer, prev, body.instructions, new, model.name,
+        ids, history, _ = build_prompt(tok, prev, body.instructions, new, model.name, render=render,
                                        tools=tools_key, add_generation_prompt=generate)
     except ValueError as e:  # no template, or the template refused the conversation
         raise ApiError("invalid_request", str(e), param="input") from e
@@ -98,7 +149,8 @@ async def prepare_turn(state: ServerState, body: ResponseRequest, lookup: Lookup
                          logprobs=body.logprobs if generate else None)
     admission = model.admission.admit(tier_choice(body.service_tier), len(ids), max_tokens)
     job = Job(state, model, ids, params, admission)
-    return PreparedTurn(job, body, new_id("resp"), history, generate, tools_key)
+    calls_possible = bool(tools) and choice.mode != "none"
+    return PreparedTurn(job, body, new_id("resp"), history, generate, tools_key, calls_possible)
 
 
 def usage(o: RequestOutput | None, prompt_len: int, generated: bool = True) -> dict:
@@ -216,13 +268,24 @@ class ResponseRun:
     async def _generate(self) -> AsyncIterator[dict]:
         job, tok = self.p.job, self.p.job.model.tokenizer
         out = OutputBuilder()
+        # Where no call can come, the answer is one message, opened at once; otherwise the
+        # parser decides what is text and what is a call, and items open as it says.
+        parser = ToolCallParser("call_") if self.p.calls_possible else None
         with_logprobs = job.params.logprobs is not None
-        for event in out.open_message():
-            yield event
+        if parser is None:
+            for event in out.open_message():
+                yield event
         try:
             async with aclosing(job.outputs()) as outs:
                 async for o in outs:
-                    for event in out.text(o.delta_text, logprob_entries(tok, o) if with_logprobs else None):
+                    logprobs = logprob_entries(tok, o) if with_logprobs else None
+                    if parser is None:
+                        events = out.text(o.delta_text, logprobs)
+                    else:
+                        events = self._parsed(out, parser.feed(o.delta_text), logprobs)
+                        if o.finished:
+                            events += self._parsed(out, parser.finish(), None)
+                    for event in events:
                         yield event
         except ApiError as e:
             for event in out.finish("incomplete"):
@@ -232,16 +295,44 @@ class ResponseRun:
         o = job.last
         kind, _ = stop_details(o, job.params, tok)
         status = "incomplete" if kind == "length" else "completed"
+        if not out.output:  # nothing at all was written: the answer is an empty message
+            for event in out.open_message():
+                yield event
         for event in out.finish(status):
             yield event
         final = {**self.response, "status": status, "output": out.output, "usage": usage(o, len(o.prompt_token_ids))}
         if status == "incomplete":
             final["incomplete_details"] = {"reason": "max_output_tokens"}
-        reply = {"role": "assistant", "content": out.text_so_far}
+        reply: Message = {"role": "assistant", "content": out.text_so_far}
+        calls = parser.calls if parser is not None else []
+        if calls:
+            reply["content"] = reply["content"] or None
+            reply["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                   for c in calls]
         self._finish(Turn(self.p.response_id, self.p.body.instructions, self.p.history + [reply],
                           list(o.prompt_token_ids), list(o.token_ids), reusable=kind != "stop_string",
                           model=job.model.name, tools=self.p.tools_key), final)
         yield {"type": f"response.{status}", "response": final}
+
+    @staticmethod
+    def _parsed(out: OutputBuilder, parsed: list, logprobs: list[dict] | None) -> list[dict]:
+        """Items and events for what the tool-call parser made of a step's text.
+        The step's logprobs go with its text; tokens that wrote a call carry none."""
+        events: list[dict] = []
+        for p in parsed:
+            if isinstance(p, TextDelta):
+                events += out.text(p.text, logprobs)
+                logprobs = None
+            elif isinstance(p, CallStart):
+                events += out.call_start(p.index, p.id, p.name)
+                logprobs = None
+            elif isinstance(p, ArgumentsDelta):
+                events += out.call_arguments(p.index, p.fragment)
+            elif isinstance(p, CallEnd):
+                events += out.call_end(p.index, p.arguments_json)
+        if logprobs:
+            out.text("", logprobs)  # held until the text they wrote comes out
+        return events
 
     def _finish(self, turn: Turn, final: dict) -> None:
         self.final = final
