@@ -112,7 +112,7 @@ def test_sdk_raises_typed_errors(client, server):
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="nope", max_tokens=5, messages=msgs())
     with pytest.raises(anthropic.BadRequestError, match="context limit"):
-        client.messages.create(model=server.model, max_tokens=10_000, messages=msgs())
+        client.messages.create(model=server.model, max_tokens=10, messages=[{"role": "user", "content": "a b " * 600}])
 
 
 def test_count_tokens_matches_usage(client, server):

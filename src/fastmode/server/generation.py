@@ -33,22 +33,18 @@ from fastmode.server.state import ServerState
 
 
 def resolve_max_tokens(engine: LLMEngine, prompt_len: int, max_tokens: int | None, param: str = "max_tokens") -> int:
-    """The output budget; None means "up to the context limit". 400 when it cannot fit."""
+    """The output budget: `max_tokens`, or None, cut to what is left of the context. A budget
+    past the context is accepted (clients send their own defaults, often larger than the
+    model's context): generation then ends at the context limit, and the final output says
+    so (`length_limit == "context"`). 400 when the prompt alone leaves no room."""
     limit = engine.max_model_len
     if prompt_len >= limit:
         raise ApiError(
             "invalid_request", f"the prompt has {prompt_len} tokens; this model's context limit is {limit} tokens",
             param="messages", code="context_length_exceeded",
         )
-    if max_tokens is None:
-        max_tokens = limit - prompt_len
-    elif prompt_len + max_tokens > limit:
-        raise ApiError(
-            "invalid_request",
-            f"{param} is too large: the prompt ({prompt_len} tokens) plus {param} ({max_tokens}) exceeds "
-            f"the context limit of {limit} tokens; ask for at most {limit - prompt_len}",
-            param=param, code="context_length_exceeded",
-        )
+    room = limit - prompt_len
+    max_tokens = room if max_tokens is None else min(max_tokens, room)
     sc = engine.scheduler_config
     if -(-(prompt_len + 1) // sc.block_size) > sc.num_blocks:
         raise ApiError("invalid_request", f"a prompt of {prompt_len} tokens can never fit in this server's KV cache")
