@@ -201,21 +201,20 @@ def test_step_jitter_is_mean_one_with_the_given_cv_and_seeded(h100_8b):
         SimConfig(cfg, step_jitter_cv=-0.1)
 
 
-def test_speed_profile_scales_each_step_by_the_pace_where_it_starts(h100_8b):
-    """One request, so every run takes the same steps: with a profile each step's time is the
-    plain run's times the factor in effect where the step starts."""
+def test_step_seconds_prices_each_step_from_its_shape_and_start_time(h100_8b):
+    """A `step_seconds` in place of the cost model sees every step's chunks, decode contexts and
+    start time, and its answer is the step's time."""
+    from fastmode.sim.step_timer import StepTimer
+
     reqs = [RequestSpec("only", 0.0, 64, 40)]
     cfg = sched_config()
     plain = simulate(reqs, h100_8b, SimConfig(cfg, record_steps=True))
-    doubled = simulate(reqs, h100_8b, SimConfig(cfg, record_steps=True, speed_profile=((0.0, 2.0),)))
-    assert [s[1] for s in doubled.steps] == pytest.approx([2 * s[1] for s in plain.steps])
-    assert doubled.makespan_s == pytest.approx(2 * plain.makespan_s)
-    switch = plain.steps[len(plain.steps) // 2][0]  # where the plain run's middle step ends
-    two = simulate(reqs, h100_8b, SimConfig(cfg, record_steps=True, speed_profile=((0.0, 1.0), (switch, 3.0))))
-    assert len(two.steps) == len(plain.steps)
-    for (end, dt, *_), (_, plain_dt, *_) in zip(two.steps, plain.steps):
-        assert dt == pytest.approx(plain_dt * (3.0 if end - dt >= switch else 1.0))
-    assert 1 < two.makespan_s / plain.makespan_s < 3
-    for bad in (((1.0, 1.0),), ((0.0, 1.0), (0.0, 2.0)), ((0.0, 0.0),), ((0.0, float("inf")),)):
-        with pytest.raises(ValueError, match="speed_profile"):
-            SimConfig(cfg, speed_profile=bad)
+    timer, starts = StepTimer(h100_8b), []
+
+    def doubled(chunks, contexts, start_s):
+        starts.append(start_s)
+        return 2 * timer.step_s(chunks, contexts)
+
+    run = simulate(reqs, h100_8b, SimConfig(cfg, record_steps=True), doubled)
+    assert [s[1] for s in run.steps] == pytest.approx([2 * s[1] for s in plain.steps])
+    assert starts == pytest.approx([end - dt for end, dt, *_ in run.steps])

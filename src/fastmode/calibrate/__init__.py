@@ -8,7 +8,7 @@ Module map:
 - pricing           per-tier $/Mtok from step times: the fast lane's multiplier (no torch)
 - calibration_file  the calibration JSON of docs/planner.md (no torch)
 - run               calibrate_loaded(): measure + fit + calibrated CostModel for a loaded model
-- replay            replay a workload on the real engine by wall clock (torch)
-- probe             a fixed pair of steps timed again and again: the machine's speed over time (torch)
 - command           `fastmode calibrate`
+
+How the calibrated simulator is checked against the real engine lives in benchmarks/validation/.
 """

@@ -203,9 +203,9 @@ class _PrefillSweep:
 def sweep_units(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None,
                 points: list[StepPoint] | None = None) -> Iterator[None]:
     """The sweep of measure_sweep, one unit (a decode round or a prefill pass) per iteration, so
-    that a caller can spread it over other work (benchmarks/sim_validation.py runs it during a load
-    test, between the load's steps). Building the engines is part of the first unit. When the
-    iteration ends, the measured points have been appended to `points`."""
+    that a caller can spread it over other work (a load test, between the load's steps). Building
+    the engines is part of the first unit. When the iteration ends, the measured points have been
+    appended to `points`."""
     grid = _DecodeGrid(loaded, sweep, progress)
     prefill = _PrefillSweep(loaded, sweep) if sweep.chunk_sizes else None
     decode_rounds, prefill_passes = _unit_counts(sweep)
@@ -230,13 +230,10 @@ def units_per_sweep(sweep: SweepConfig) -> int:
     return sum(_unit_counts(sweep))
 
 
-def measure_sweep(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None,
-                  between: Callable[[], object] | None = None) -> list[StepPoint]:
+def measure_sweep(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[StepPoint]:
     """Every decode point (contexts x batches), then every prefill point (chunk sizes x contexts),
-    measured interleaved as the module docstring describes. `between`, if given, runs after each
-    decode round and each prefill pass (a speed probe sampling the same minutes: calibrate.probe)."""
+    measured interleaved as the module docstring describes."""
     points: list[StepPoint] = []
     for _ in sweep_units(loaded, sweep, progress, points):
-        if between is not None:
-            between()
+        pass
     return points

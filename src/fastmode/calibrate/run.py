@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,15 +69,13 @@ def measure_interleaved(loaded: LoadedModel, sweep: SweepConfig, progress: Progr
     return merge_rounds(measure_rounds(loaded, sweep, progress))
 
 
-def measure_rounds(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None,
-                   between: Callable[[], object] | None = None) -> list[list[StepPoint]]:
-    """Each round's points, unmerged (the same points in the same order every round). `between`:
-    as in measure_sweep."""
+def measure_rounds(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[list[StepPoint]]:
+    """Each round's points, unmerged (the same points in the same order every round)."""
     per_round: list[list[StepPoint]] = []
     for rnd in range(sweep.rounds):
         if sweep.rounds > 1:
             progress(f"round {rnd + 1} of {sweep.rounds}")
-        per_round.append(measure_sweep(loaded, sweep, progress, between))
+        per_round.append(measure_sweep(loaded, sweep, progress))
     return per_round
 
 

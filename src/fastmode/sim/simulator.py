@@ -22,12 +22,12 @@ call per sequence per step.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastmode.engine.metering import RequestMetrics, attribute_step, request_metrics
@@ -39,6 +39,10 @@ from fastmode.sim.step_timer import StepTimer
 from fastmode.sim.workload import RequestSpec
 
 SAMPLED_TOKEN = 0  # every sampled token; never a stop token (stop_token_ids is empty)
+
+# A step's seconds from its prefill chunks ((tokens, context) each), its decode contexts and the
+# simulated time it starts at.
+StepSeconds = Callable[[list[tuple[int, int]], list[int], float], float]
 
 
 @dataclass(frozen=True)
@@ -52,22 +56,12 @@ class SimConfig:
     # the step-to-step spread of a real (shared) machine, which lengthens queues a fixed cost hides.
     step_jitter_cv: float = 0.0
     jitter_seed: int = 0
-    # The machine's pace over time: ((from_s, factor), ...), from_s ascending, the first at 0; a step
-    # that starts at t takes the cost model's time times the factor in effect at t. Empty: 1 throughout.
-    # What benchmarks/sim_validation.py builds from a speed probe that timed the real machine's drift.
-    speed_profile: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.usd_per_machine_hour < 0:
             raise ValueError("usd_per_machine_hour must be >= 0")
         if not 0 <= self.step_jitter_cv <= 10:
             raise ValueError("step_jitter_cv must be in [0, 10]")
-        if self.speed_profile:
-            starts = [t for t, _ in self.speed_profile]
-            if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
-                raise ValueError("speed_profile: start times must begin at 0 and increase")
-            if not all(0 < f < math.inf for _, f in self.speed_profile):
-                raise ValueError("speed_profile: every factor must be positive and finite")
 
 
 @dataclass
@@ -113,8 +107,13 @@ def make_sequence(spec: RequestSpec, index: int) -> Sequence:
     return Sequence(spec.request_id, spec.prompt_token_ids(index), params, spec.tier, spec.arrival_s)
 
 
-def simulate(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig = SimConfig()) -> SimResult:
-    """Run `workload` to completion; every request must finish (or this raises)."""
+def simulate(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig = SimConfig(),
+             step_seconds: StepSeconds | None = None) -> SimResult:
+    """Run `workload` to completion; every request must finish (or this raises).
+
+    `step_seconds` prices each step in place of the cost model (StepTimer), e.g. to follow a
+    machine whose speed changes over time; `config.step_jitter_cv` still applies on top of it.
+    """
     t_wall = time.perf_counter()
     result = None
     if config.scheduler.enable_prefix_caching and not any(r.prefix_group is not None for r in workload):
@@ -123,9 +122,9 @@ def simulate(workload: list[RequestSpec], cost_model: CostModel, config: SimConf
         # request its own blocks back. Until a first preemption the cache changes nothing, not
         # even the number of free blocks, yet hashing and evicting every block costs about a
         # quarter of the run: run without it, and start over with it if a request is preempted.
-        result = _run(workload, cost_model, config, skip_prefix_cache=True)
+        result = _run(workload, cost_model, config, step_seconds, skip_prefix_cache=True)
     if result is None:
-        result = _run(workload, cost_model, config)
+        result = _run(workload, cost_model, config, step_seconds)
     result.wall_s = time.perf_counter() - t_wall
     return result
 
@@ -140,7 +139,7 @@ def _jitter(cv: float, seed: int):
 
 
 def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
-         skip_prefix_cache: bool = False) -> SimResult | None:
+         step_seconds: StepSeconds | None = None, skip_prefix_cache: bool = False) -> SimResult | None:
     """One simulation. With `skip_prefix_cache` the scheduler runs without its prefix cache,
     and this returns None at the first preemption, from where the result could differ."""
     t_wall = time.perf_counter()
@@ -150,7 +149,6 @@ def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
     sched = Scheduler(sched_cfg)
     step_time = StepTimer(cost_model)
     jitter = _jitter(config.step_jitter_cv, config.jitter_seed)
-    pace_from = [t for t, _ in config.speed_profile]
     pending = sorted(workload, key=lambda r: r.arrival_s)
     max_len = sched_cfg.max_model_len
     usd = config.usd_per_machine_hour
@@ -196,11 +194,9 @@ def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
                 contexts.append(computed)
             if computed + s.num_tokens - s.num_draft_tokens == len(seq.token_ids):  # s.samples, inlined
                 sampled[seq.request_id] = one_token
-        dt = step_time.step_s(chunks, contexts)
+        dt = step_time.step_s(chunks, contexts) if step_seconds is None else step_seconds(chunks, contexts, now)
         if jitter is not None:
             dt *= jitter()
-        if pace_from:
-            dt *= config.speed_profile[bisect.bisect_right(pace_from, now) - 1][1]
         now += dt
         busy += dt
         num_steps += 1

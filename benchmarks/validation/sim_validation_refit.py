@@ -1,10 +1,10 @@
 """Re-fit a saved validation run on a chosen subset of its measurement rounds, and compare
 the tiers again. A diagnostic: no engine runs, only the fit and the simulator.
 
-    python benchmarks/sim_validation_refit.py runs/sim_validation.json --rounds during
-    python benchmarks/sim_validation_refit.py runs/sim_validation.json --rounds 0,3
+    python benchmarks/validation/sim_validation_refit.py runs/sim_validation.json --rounds during
+    python benchmarks/validation/sim_validation_refit.py runs/sim_validation.json --rounds 0,3
 
-benchmarks/sim_validation.py keeps every round's points (`points_by_round`, in the order
+benchmarks/validation/sim_validation.py keeps every round's points (`points_by_round`, in the order
 before, during, after) and the load's real per-tier figures. The cost model is fitted, as that
 script does, to the calibration points over the chosen rounds (held-out points left out): their
 mean step times, as that script fits them, or with `--estimator median` their medians (for runs
@@ -36,14 +36,14 @@ def choose_rounds(spec: str, rounds: dict) -> list[int]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("run", help="a JSON written by benchmarks/sim_validation.py (with per-round points)")
+    p.add_argument("run", help="a JSON written by benchmarks/validation/sim_validation.py (with per-round points)")
     p.add_argument("--rounds", default="during", help="all, during, around (before and after), or indices like 0,3")
     p.add_argument("--estimator", default="mean", choices=["mean", "median"],
                    help="fit each point's mean step time (default) or its median (needs a run that saved medians)")
     args = p.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).parent))
-    import sim_validation as sv
-
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.validation
+    from benchmarks.validation import sim_validation as sv
+    from benchmarks.validation.pace import simulate_at_pace
     from fastmode.calibrate.points import StepPoint
     from fastmode.calibrate.run import merge_rounds
     from fastmode.engine.scheduler import SchedulerConfig
@@ -92,8 +92,8 @@ def main(argv=None) -> int:
     if priced and args.rounds == "all" and args.estimator == "mean":
         # The run's own fit priced its steps; with all rounds' means this refit is that fit.
         for window_s in (15.0, 5.0):
-            sim_p = summarize([m for p in priced for m in simulate(
-                workload, cm, SimConfig(sched, speed_profile=sv.own_pace(p, window_s))).requests])
+            sim_p = summarize([m for p in priced for m in simulate_at_pace(
+                workload, cm, SimConfig(sched), sv.own_pace(p, window_s)).requests])
             print(f"  at the engine's own pace per {window_s:g} s of load: " + ", ".join(
                 f"{t} TTFT {sv.err(sim_p[t].ttft_mean_s, r['real']['ttft_mean_s']):+.1%} "
                 f"TPOT {sv.err(sim_p[t].tpot_mean_s, r['real']['tpot_mean_s']):+.1%}"

@@ -1,4 +1,4 @@
-"""The speed probe (calibrate.probe) and the replay clock that leaves it out of a load."""
+"""The speed probe (benchmarks/validation/probe.py) and the replay clock that leaves it out of a load."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from fastmode.calibrate.probe import SpeedProbe, relative_speed
-from fastmode.calibrate.replay import ReplayClock
+from benchmarks.validation.probe import SpeedProbe, relative_speed
+from benchmarks.validation.replay import ReplayClock
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_replay_clock_skips_idle_time_and_leaves_out_what_it_is_told():
 def test_replay_leaves_the_probe_out_of_the_load(tiny_llama_dir):
     """A probe after every step that takes 0.2 s of wall time: it runs as often as asked, and
     neither the makespan nor any request's latency contains it."""
-    from fastmode.calibrate.replay import replay
+    from benchmarks.validation.replay import replay
     from fastmode.engine.config import EngineConfig
     from fastmode.engine.llm_engine import LLMEngine
     from fastmode.sim.workload import RequestSpec
@@ -107,7 +107,7 @@ def test_replay_leaves_the_probe_out_of_the_load(tiny_llama_dir):
 
 
 def test_speed_profile_is_smoothed_and_held_between_probes():
-    from fastmode.calibrate.probe import speed_profile
+    from benchmarks.validation.probe import speed_profile
 
     ref = [0.1, 0.1, 0.1, 0.3]  # median 0.1
     samples = [(1.0, 0.1), (3.0, 0.1), (5.0, 0.5), (7.0, 0.12), (9.0, 0.12), (11.0, 0.12)]

@@ -1,8 +1,8 @@
 """Validate the simulator against the real engine on this machine. A script, not a test.
 
-    python benchmarks/sim_validation.py                     # calibrate, then validate (~17 min on 2 cores)
-    python benchmarks/sim_validation.py --calibration ~/.cache/fastmode/calibration-local.json
-    python benchmarks/sim_validation.py --quick             # small sweep and a short load (~2 min)
+    python benchmarks/validation/sim_validation.py                     # calibrate, then validate (~17 min on 2 cores)
+    python benchmarks/validation/sim_validation.py --calibration ~/.cache/fastmode/calibration-local.json
+    python benchmarks/validation/sim_validation.py --quick             # small sweep and a short load (~2 min)
 
 1. Measurement, in rounds before, during and after the load test (--rounds-before,
    --rounds-during, --rounds-after; 1, 4, 1): each round is `fastmode calibrate`'s
@@ -30,13 +30,13 @@
    of a single 180-s load by far more than the target; no prediction made before the load can
    know when such a spell comes. Replaying the same load measures that noise (the replays'
    spread) and averages it down, as a repeated measurement does.
-4. Speed reference: a fixed set of steps on an engine of its own (calibrate.probe) runs
+4. Speed reference: a fixed set of steps on an engine of its own (probe.py) runs
    twice after every decode round and every prefill pass of the rounds before and after the load, and every
    --probe-every-s seconds of the load, with the replay's clock stopped. Its time during
    the load over its median in the rounds is the machine's pace during the load relative
    to the calibration, measured without the load's own steps. Printed beside the verdict,
    not in it: the tiers compared again with the load simulated at that pace, followed over
-   the load's time (SimConfig.speed_profile), and the correlation, window by window, of the
+   the load's time (a speed profile: pace.py), and the correlation, window by window, of the
    probe's pace with the load's own steps' (measured over predicted), which tells the
    machine's drift from anything the engine does under load.
    Also printed, as a diagnostic and not for the verdict: the simulation at the speed
@@ -59,6 +59,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.validation
 
 STEP_TARGET = 0.10
 TIER_TARGET = 0.15
@@ -164,7 +166,7 @@ def fit_cost_model(args, loaded, cal_points, log, final: bool = True):
         return CostModel(hw, spec, tp=1, weight_format=fmt), {"file": args.calibration, **cal}
     sweep = sweep_config(args, (args.check_context,), (args.check_chunk,), 1)  # only its thread count is read
     run = calibrate_loaded(loaded, sweep, points=cal_points, fitted_from=(
-        f"benchmarks/sim_validation.py: {loaded.name} {fmt}, {len(cal_points)} points, "
+        f"benchmarks/validation/sim_validation.py: {loaded.name} {fmt}, {len(cal_points)} points, "
         f"{args.rounds_before} + {args.rounds_during} + {args.rounds_after} rounds before, during and after a load test, "
         f"{args.threads} threads, {args.clock} clock"))
     if not final:
@@ -333,22 +335,23 @@ def at_medians(points) -> list:
 
 def simulated_tiers(loads: list[dict], cm, profiles: list[tuple] | None = None) -> dict:
     """Per-tier errors of the replayed loads simulated with `cm`, each replay at its own pace
-    (`profiles`, one SimConfig.speed_profile per replay) if given: the real requests of all
+    (`profiles`, one speed profile per replay: pace.py) if given: the real requests of all
     replays pooled against the simulated requests of all replays, so a tier's mean is the mean
     over every replay's requests."""
+    from benchmarks.validation.pace import simulate_at_pace
     from fastmode.sim.report import summarize
-    from fastmode.sim.simulator import SimConfig, simulate
+    from fastmode.sim.simulator import SimConfig
 
     real, sim = [], []
     for k, load in enumerate(loads):
-        cfg = SimConfig(load["sched"], load["usd"], speed_profile=profiles[k] if profiles else ())
-        sim += simulate(load["workload"], cm, cfg).requests
+        cfg = SimConfig(load["sched"], load["usd"])
+        sim += simulate_at_pace(load["workload"], cm, cfg, profiles[k] if profiles else ()).requests
         real += load["real"].requests
     return tier_errors(summarize(real), summarize(sim))
 
 
 def own_pace(priced, window_s: float) -> tuple:
-    """The pace the engine's own steps ran at over the load, as SimConfig.speed_profile takes it:
+    """The pace the engine's own steps ran at over the load, as a speed profile (pace.py):
     per `window_s` of load, their measured over predicted time (a window without steps keeps the
     previous window's pace). Simulating the load at it asks whether the simulator's scheduling and
     queueing reproduce the tiers once it knows when the machine ran slow or fast: a diagnostic,
@@ -372,7 +375,7 @@ def replay_loads(args, loaded, cm, log, probe=None) -> list[dict]:
     """Replay a seeded tiered load (the rate chosen with the simulator and `cm`) --replays times,
     each time on a fresh engine (an empty KV cache: no prefix cached by the previous replay), with
     the speed probe every --probe-every-s seconds, the clock stopped."""
-    from fastmode.calibrate.replay import replay
+    from benchmarks.validation.replay import replay
     from fastmode.engine.config import EngineConfig
     from fastmode.engine.llm_engine import LLMEngine
 
@@ -564,9 +567,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     import torch
 
-    from fastmode.calibrate.probe import SpeedProbe, relative_speed, speed_profile
+    from benchmarks.validation.probe import SpeedProbe, relative_speed, speed_profile
     from fastmode.calibrate.measure import sweep_units, units_per_sweep
-    from fastmode.calibrate.run import measure_rounds, merge_rounds
+    from fastmode.calibrate.run import merge_rounds
     from fastmode.loader import load_model
 
     if args.threads:
@@ -597,10 +600,15 @@ def main(argv=None) -> int:
             probe()
 
     def measure(n: int) -> list:
+        """`n` rounds of the sweep, the probe twice after each of its units (a decode round or a
+        prefill pass), so the probe samples the same minutes."""
         rounds = []
         for k in range(n):
             log(f"measurement round {k + 1} of {n}")
-            rounds += measure_rounds(loaded, sweep_config(args, contexts, chunks, 1), log, between=probe_twice)
+            points: list = []
+            for _ in sweep_units(loaded, sweep_config(args, contexts, chunks, 1), log, points):
+                probe_twice()
+            rounds.append(points)
             probes.append(probe.take())
         return rounds
 

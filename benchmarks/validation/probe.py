@@ -79,7 +79,7 @@ def relative_speed(during: list[float], reference: list[float]) -> float:
 
 def speed_profile(samples: list[tuple[float, float]], reference: list[float],
                   window: int = 5) -> tuple[tuple[float, float], ...]:
-    """The machine's pace over a replay, as `SimConfig.speed_profile` takes it: each probe's time
+    """The machine's pace over a replay, as a speed profile (pace.py): each probe's time
     (`samples`: (at_s, seconds), in time order) over the reference median, smoothed by a centred
     running median of `window` probes so that one stray probe moves nothing, and held from midway
     after the previous probe to midway before the next (the first from 0)."""

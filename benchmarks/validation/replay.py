@@ -13,7 +13,7 @@ built with `speculative="off"`.
 shared machine, neighbours then stop inflating the engine's step times, which
 is what the simulator's cost model describes (docs/simulator.md).
 
-A speed probe (calibrate.probe) can run every few seconds with the clock
+A speed probe (probe.py) can run every few seconds with the clock
 stopped: the workload does not see it, and its times say how fast the machine
 ran during the replay.
 """
@@ -93,7 +93,7 @@ def replay(engine: LLMEngine, workload: list[RequestSpec], seed: int = 0, clock:
     """Run `workload` on `engine` in real time ("wall") or CPU time ("cpu"); returns each request's metrics.
 
     `probe`: called after the first step and then after the first step that ends `probe_every_s`
-    or more after the last call, with the clock stopped (a speed reference: calibrate.probe);
+    or more after the last call, with the clock stopped (a speed reference: probe.py);
     what it returns is kept in `ReplayResult.probes` with the time it ran.
     """
     if clock not in ("wall", "cpu"):

@@ -1,9 +1,9 @@
 """Does a step under a tiered load cost what a calibration step of the same shape costs? A script, not a test.
 
-    python benchmarks/load_twin_steps.py                  # ~4 min on 2 cores
-    python benchmarks/load_twin_steps.py --batch 2 --requests 120
+    python benchmarks/validation/load_twin_steps.py                  # ~4 min on 2 cores
+    python benchmarks/validation/load_twin_steps.py --batch 2 --requests 120
 
-When a validation run (benchmarks/sim_validation.py) finds the load's steps slower than
+When a validation run (benchmarks/validation/sim_validation.py) finds the load's steps slower than
 the fitted cost model, this separates two explanations: the engine under load does more
 work per step than the calibration's engines (its state, its scheduler, its mix of steps),
 or the steps cost the same and the fit priced something else than what a load adds up.
@@ -48,12 +48,12 @@ def main(argv=None) -> int:
     if args.batch < 1 or args.requests < 1 or args.rate <= 0 or args.every_s <= 0:
         raise SystemExit("--batch, --requests, --rate and --every-s must be positive")
     bands = [tuple(int(x) for x in b.split("-")) for b in args.bands.split(",")]
-    sys.path.insert(0, str(Path(__file__).parent))
-    import sim_validation as sv
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.validation
     import torch
 
+    from benchmarks.validation import sim_validation as sv
+    from benchmarks.validation.replay import replay
     from fastmode.calibrate.measure import SweepConfig, sweep_engine
-    from fastmode.calibrate.replay import replay
     from fastmode.engine.config import EngineConfig
     from fastmode.engine.llm_engine import LLMEngine
     from fastmode.loader import load_model
