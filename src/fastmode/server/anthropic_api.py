@@ -6,6 +6,9 @@ speed served. Fast mode has its own rate limits (anthropic-fast-* headers)
 and answers 429 with retry-after when they, or the fast lane, are full; as
 with Anthropic, the client's fallback is to retry without `speed`.
 A final assistant message is a prefill: generation continues its text.
+Tools go through server/tools.py: one grammar per turn, and one parser that
+turns the output into text and tool_use blocks as it streams. Responses carry
+`request-id` and `x-request-id` headers equal to the message id.
 """
 
 from __future__ import annotations
@@ -21,12 +24,35 @@ from pydantic import ValidationError
 from fastmode.engine.llm_engine import RequestOutput
 from fastmode.engine.tiers import Tier
 from fastmode.server.admission import TierChoice
-from fastmode.server.anthropic_models import MessagesRequest
+from fastmode.server.anthropic_models import MessagesRequest, chat_messages
 from fastmode.server.errors import ANTHROPIC, ApiError, validation_message
-from fastmode.server.generation import Job, SSEResponse, client_gone, collect, make_params, resolve_max_tokens, sse_event, stop_details
+from fastmode.server.generation import (
+    Job,
+    SSEResponse,
+    check_structured,
+    client_gone,
+    collect,
+    make_params,
+    resolve_max_tokens,
+    sse_event,
+    stop_details,
+)
 from fastmode.server.ratelimit import anthropic_headers
 from fastmode.server.served_model import ServedModel
 from fastmode.server.state import get_state, require_api_key
+from fastmode.server.tools import (
+    ArgumentsDelta,
+    CallEnd,
+    CallStart,
+    Event,
+    TextDelta,
+    ToolCallParser,
+    ToolChoice,
+    ToolError,
+    ToolSpec,
+    render_prompt,
+    tool_grammar,
+)
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -34,15 +60,16 @@ FAST_MODE_BETA = "fast-mode-2026-02-01"
 _STOP_REASON = {"eos": "end_turn", "stop_string": "stop_sequence", "length": "max_tokens"}
 
 
-def _prompt_ids(model: ServedModel, body: MessagesRequest) -> list[int]:
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+def _prompt_ids(model: ServedModel, body: MessagesRequest, tools: list[ToolSpec]) -> list[int]:
+    messages = chat_messages(body.messages)
     system = body.system_text()
     if system:
         messages.insert(0, {"role": "system", "content": system})
-    prefill = messages.pop()["content"] if messages[-1]["role"] == "assistant" else None
+    last = messages[-1]
+    prefill = messages.pop()["content"] if last["role"] == "assistant" and not last.get("tool_calls") else None
     tok = model.tokenizer
     try:
-        ids = tok.encode_chat(messages)
+        ids = render_prompt(tok, messages, tools)
     except ValueError as e:
         raise ApiError("invalid_request", str(e)) from e
     if prefill:
@@ -66,6 +93,23 @@ def _usage(o: RequestOutput, speed: str) -> dict:
     }
 
 
+def _stop_reason(o: RequestOutput, job: Job, called: bool) -> tuple[str, str | None]:
+    kind, stop_seq = stop_details(o, job.params, job.model.tokenizer)
+    if kind == "length" and getattr(o, "length_limit", None) == "context":
+        return "model_context_window_exceeded", None
+    if called and kind == "eos":
+        return "tool_use", None
+    return _STOP_REASON[kind], stop_seq
+
+
+def _tools(body: MessagesRequest) -> tuple[list[ToolSpec], ToolChoice]:
+    try:
+        tools, choice = body.tool_specs(), body.tool_choice_of()
+        return tools, choice
+    except ToolError as e:
+        raise ApiError("invalid_request", str(e), param=e.param) from None
+
+
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request) -> dict:
     """Prompt tokens a /v1/messages body would use (agents call this to budget context)."""
@@ -79,7 +123,8 @@ async def count_tokens(request: Request) -> dict:
         body = MessagesRequest.model_validate({"max_tokens": 1, **data})
     except ValidationError as e:
         raise ApiError("invalid_request", validation_message(list(e.errors()))[0]) from None
-    return {"input_tokens": len(_prompt_ids(get_state(request).select(body.model), body))}
+    tools, _ = _tools(body)
+    return {"input_tokens": len(_prompt_ids(get_state(request).select(body.model), body, tools))}
 
 
 @router.post("/v1/messages")
@@ -87,57 +132,123 @@ async def create_message(body: MessagesRequest, request: Request):
     state = get_state(request)
     model = state.select(body.model)
     body.unsupported()
-    ids = _prompt_ids(model, body)
+    tools, choice = _tools(body)
+    try:
+        grammar = tool_grammar(tools, choice)  # choice none: tools described, no calls
+    except ToolError as e:
+        raise ApiError("invalid_request", str(e), param=e.param) from None
+    ids = _prompt_ids(model, body, tools)
     max_tokens = resolve_max_tokens(model.engine, len(ids), body.max_tokens)
     params = make_params(
         model, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, max_tokens=max_tokens,
-        stop=tuple(body.stop_sequences or ()), speculative=body.speculative,
+        stop=tuple(body.stop_sequences or ()), speculative=body.speculative, structured=grammar,
     )
+    await check_structured(model, params, "tools")
     # The beta header is accepted but not required: `speed` alone selects fast mode.
     want = TierChoice(Tier.FAST, "fast") if body.speed == "fast" else TierChoice(Tier.STANDARD, body.speed)
     admission = model.admission.admit(want, len(ids), max_tokens)
     job = Job(state, model, ids, params, admission)
     speed = "fast" if admission.tier is Tier.FAST else "standard"
     msg_id = f"msg_{uuid.uuid4().hex[:24]}"
-    headers = {"x-fastmode-tier": admission.tier.value, **anthropic_headers(admission.tier, admission.rate_limits)}
+    headers = {"request-id": msg_id, "x-request-id": msg_id, "x-fastmode-tier": speed,
+               **anthropic_headers(admission.tier, admission.rate_limits)}
+    calls_possible = bool(tools) and choice.mode != "none"
     if body.stream:
-        return SSEResponse(_events(job, msg_id, speed), on_close=job.close, headers=headers)
+        return SSEResponse(_events(job, msg_id, speed, calls_possible), on_close=job.close, headers=headers)
     o = await collect(request, job)
     if o is None:
         return client_gone()
-    kind, stop_seq = stop_details(o, params, model.tokenizer)
+    content: list[dict] = [{"type": "text", "text": o.text}]
+    called = False
+    if calls_possible:
+        parser = ToolCallParser("toolu_")
+        parser.feed(o.text)
+        parser.finish()
+        called = bool(parser.calls)
+        content = ([{"type": "text", "text": parser.text}] if parser.text or not called else []) + [
+            {"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments} for c in parser.calls
+        ]
+    stop_reason, stop_seq = _stop_reason(o, job, called)
     message = {
-        "id": msg_id, "type": "message", "role": "assistant", "model": model.name,
-        "content": [{"type": "text", "text": o.text}],
-        "stop_reason": _STOP_REASON[kind], "stop_sequence": stop_seq, "usage": _usage(o, speed),
+        "id": msg_id, "type": "message", "role": "assistant", "model": model.name, "content": content,
+        "stop_reason": stop_reason, "stop_sequence": stop_seq, "usage": _usage(o, speed),
     }
     return JSONResponse(message, headers=headers)
 
 
-async def _events(job: Job, msg_id: str, speed: str) -> AsyncIterator[str]:
-    """message_start, content_block_start, ping, content_block_delta*, content_block_stop,
-    message_delta (stop_reason, usage), message_stop: the sequence Anthropic's SDKs parse."""
+class _Blocks:
+    """Content blocks as they stream: a text block opens at the first text and closes when a
+    tool_use block starts; block indexes count every block opened."""
+
+    def __init__(self):
+        self.count = 0
+        self.open: str | None = None  # "text" | "tool_use"
+        self.called = False
+
+    def start(self, block: dict) -> str:
+        self.open = block["type"]
+        self.count += 1
+        return sse_event({"type": "content_block_start", "index": self.count - 1, "content_block": block},
+                         "content_block_start")
+
+    def stop(self) -> list[str]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [sse_event({"type": "content_block_stop", "index": self.count - 1}, "content_block_stop")]
+
+    def delta(self, delta: dict) -> str:
+        return sse_event({"type": "content_block_delta", "index": self.count - 1, "delta": delta},
+                         "content_block_delta")
+
+    def events(self, events: list[Event]) -> list[str]:
+        out = []
+        for e in events:
+            if isinstance(e, TextDelta):
+                if self.open != "text":
+                    out += self.stop()
+                    out.append(self.start({"type": "text", "text": ""}))
+                out.append(self.delta({"type": "text_delta", "text": e.text}))
+            elif isinstance(e, CallStart):
+                out += self.stop()
+                self.called = True
+                out.append(self.start({"type": "tool_use", "id": e.id, "name": e.name, "input": {}}))
+            elif isinstance(e, ArgumentsDelta):
+                out.append(self.delta({"type": "input_json_delta", "partial_json": e.fragment}))
+            elif isinstance(e, CallEnd):
+                out += self.stop()
+        return out
+
+
+async def _events(job: Job, msg_id: str, speed: str, calls_possible: bool) -> AsyncIterator[str]:
+    """message_start, content blocks (start, deltas, stop), message_delta (stop_reason, usage),
+    message_stop: the sequence Anthropic's SDKs parse. Without tools the text block opens at once."""
     start_usage = {"input_tokens": len(job.prompt_ids), "cache_creation_input_tokens": 0,
                    "cache_read_input_tokens": 0, "output_tokens": 0, "service_tier": "standard", "speed": speed}
     message = {"id": msg_id, "type": "message", "role": "assistant", "model": job.model.name, "content": [],
                "stop_reason": None, "stop_sequence": None, "usage": start_usage}
     yield sse_event({"type": "message_start", "message": message}, "message_start")
-    yield sse_event({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-                    "content_block_start")
+    blocks = _Blocks()
+    parser = ToolCallParser("toolu_") if calls_possible else None
+    if parser is None:
+        yield blocks.start({"type": "text", "text": ""})
     yield sse_event({"type": "ping"}, "ping")
     try:
         async with aclosing(job.outputs()) as outs:
             async for o in outs:
-                if o.delta_text:
-                    delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": o.delta_text}}
-                    yield sse_event(delta, "content_block_delta")
+                events = parser.feed(o.delta_text) if parser else [TextDelta(o.delta_text)] if o.delta_text else []
+                for event in blocks.events(events + (parser.finish() if parser and o.finished else [])):
+                    yield event
     except ApiError as e:
         yield sse_event(e.body(ANTHROPIC), "error")
         return
+    if blocks.count == 0:  # nothing generated: an empty text block, as for any empty answer
+        yield blocks.start({"type": "text", "text": ""})
+    for event in blocks.stop():
+        yield event
     o = job.last
-    kind, stop_seq = stop_details(o, job.params, job.model.tokenizer)
-    yield sse_event({"type": "content_block_stop", "index": 0}, "content_block_stop")
-    delta = {"type": "message_delta", "delta": {"stop_reason": _STOP_REASON[kind], "stop_sequence": stop_seq},
+    stop_reason, stop_seq = _stop_reason(o, job, blocks.called and not (parser and parser.open_call))
+    delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_seq},
              "usage": _usage(o, speed)}
     yield sse_event(delta, "message_delta")
     yield sse_event({"type": "message_stop"}, "message_stop")

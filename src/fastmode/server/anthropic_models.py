@@ -1,17 +1,18 @@
 """Typed request bodies of the Anthropic dialect (POST /v1/messages).
 
-Unknown fields are refused; tools, thinking and other features this server
-does not implement are refused by name instead of being ignored.
+Unknown fields are refused; server tools, thinking and other features this
+server does not implement are refused by name instead of being ignored.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from fastmode.server.errors import ApiError
-from fastmode.server.openai_models import Speculative  # the same extension in every dialect
+from fastmode.server.openai_models import Speculative  # the same extension everywhere
+from fastmode.server.tools import ToolChoice, ToolSpec
 
 
 class _Strict(BaseModel):
@@ -22,14 +23,85 @@ class TextBlock(_Strict):
     type: Literal["text"]
     text: str
     cache_control: dict[str, Any] | None = None  # accepted: the prefix cache here is automatic
+    citations: list[Any] | None = None  # history only
+
+
+class ToolUseBlock(_Strict):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolResultBlock(_Strict):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+    is_error: bool | None = None
+    cache_control: dict[str, Any] | None = None
+
+    def text(self) -> str:
+        c = self.content
+        text = c if isinstance(c, str) else "\n".join(b.text for b in c or ())
+        # The error flag reaches the model as words: chat templates have no field for it.
+        return f"Error: {text}" if self.is_error else text
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
 
 
 class InputMessage(_Strict):
     role: Literal["user", "assistant"]
-    content: str | list[TextBlock]
+    content: str | list[Block]
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+
+def chat_messages(messages: list[InputMessage]) -> list[dict]:
+    """The conversation in the internal (Hugging Face) shape: tool_use blocks become the
+    assistant's tool_calls, tool_result blocks become tool messages (before the user's text)."""
+    out: list[dict] = []
+    for i, m in enumerate(messages):
+        blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
+        if m.role == "assistant":
+            if any(isinstance(b, ToolResultBlock) for b in blocks):
+                raise ApiError("invalid_request", f"messages[{i}]: tool_result blocks belong in user messages")
+            calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input}}
+                     for b in blocks if isinstance(b, ToolUseBlock)]
+            msg: dict[str, Any] = {"role": "assistant", "content": m.text()}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+            continue
+        if any(isinstance(b, ToolUseBlock) for b in blocks):
+            raise ApiError("invalid_request", f"messages[{i}]: tool_use blocks belong in assistant messages")
+        out += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
+                for b in blocks if isinstance(b, ToolResultBlock)]
+        text = [b for b in blocks if isinstance(b, TextBlock)]
+        if text or not out or out[-1]["role"] != "tool":
+            out.append({"role": "user", "content": "".join(b.text for b in text)})
+    return out
+
+
+class Tool(_Strict):
+    """A client tool. Server tools (web search, code execution ...) have other types and are refused."""
+
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolChoiceSpec(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
 
 
 class MessagesRequest(_Strict):
@@ -47,8 +119,8 @@ class MessagesRequest(_Strict):
     speculative: Speculative | None = None  # an extension: how to speculate; None = the tier's default
     metadata: dict[str, Any] | None = None
     service_tier: Literal["auto", "standard_only"] | None = None  # both mean standard capacity here
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[dict[str, Any]] | None = None  # read by tool_specs(), which names a server tool it refuses
+    tool_choice: ToolChoiceSpec | None = None
     thinking: dict[str, Any] | None = None
     mcp_servers: list[Any] | None = None
     container: Any = None
@@ -62,8 +134,6 @@ class MessagesRequest(_Strict):
 
     def unsupported(self) -> None:
         checks = [
-            ("tools", bool(self.tools)),
-            ("tool_choice", self.tool_choice is not None and self.tool_choice != {"type": "none"}),
             ("thinking", self.thinking is not None and self.thinking.get("type") != "disabled"),
             ("mcp_servers", bool(self.mcp_servers)),
             ("container", self.container is not None),
@@ -75,6 +145,34 @@ class MessagesRequest(_Strict):
         for name, bad in checks:
             if bad:
                 raise ApiError("invalid_request", f"{name}: not supported by this server; remove it", param=name)
+
+    def tool_specs(self) -> list[ToolSpec]:
+        specs = []
+        for i, raw in enumerate(self.tools or ()):
+            kind = raw.get("type") if isinstance(raw, dict) else None
+            if kind not in (None, "custom"):
+                raise ApiError("invalid_request", f"tools[{i}]: server tools ({kind}) are not supported by this "
+                               "server; define a client tool with name, description and input_schema", param="tools")
+            try:
+                t = Tool.model_validate(raw)
+            except ValueError as e:
+                first = e.errors()[0] if hasattr(e, "errors") else {}
+                field = ".".join(str(p) for p in first.get("loc", ()))
+                raise ApiError("invalid_request", f"tools[{i}].{field}: {first.get('msg', e)}", param="tools") from None
+            specs.append(ToolSpec(t.name, t.description or "", t.input_schema, bool(t.strict)))
+        return specs
+
+    def tool_choice_of(self) -> ToolChoice:
+        """auto without tool_choice; `any` is OpenAI's required, `tool` a named call."""
+        c = self.tool_choice
+        if c is None:
+            return ToolChoice("auto" if self.tools else "none")
+        parallel = not c.disable_parallel_tool_use
+        if c.type == "tool":
+            if not c.name:
+                raise ApiError("invalid_request", "tool_choice: type tool needs the tool's name", param="tool_choice")
+            return ToolChoice("named", c.name, parallel)
+        return ToolChoice({"any": "required"}.get(c.type, c.type), None, parallel)
 
     def system_text(self) -> str | None:
         if self.system is None:

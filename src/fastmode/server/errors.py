@@ -93,26 +93,78 @@ def dialect_of(path: str) -> str:
     return ANTHROPIC if path.startswith("/v1/messages") else OPENAI
 
 
+# Steps of pydantic's error locations that name a branch of a union, not a field.
+_TYPE_STEPS = {"str", "int", "float", "bool", "none", "dict", "list", "bytes"}
+
+
+def _field_path(loc: tuple) -> str:
+    """`messages[2].tool_calls[0].function` from pydantic's location, without the union branches it tried."""
+    path, tagged = "", False
+    for step in loc:
+        if step == "body":
+            continue
+        if isinstance(step, int):
+            path += f"[{step}]"
+            continue
+        if "[" in step or step in _TYPE_STEPS:  # a union member, e.g. "list[TextPart]" or "tagged-union[...]"
+            tagged = tagged or "tagged-union" in step
+            continue
+        if tagged and path.endswith("]"):  # a tagged union's tag (the block's type) after the item's index
+            tagged = False
+            continue
+        path += f".{step}" if path else step
+    return path
+
+
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:
-    """One readable message (and OpenAI's `param`) from pydantic's error list."""
+    """One sentence naming the first bad field (and OpenAI's `param`) from pydantic's error list.
+
+    A field that fails every branch of a union gives one error per branch; the most
+    specific of them (the deepest location) is the one reported.
+    """
     if not errors:
         return "invalid request", None
-    parts, first_param = [], None
-    for e in errors[:3]:
-        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        first_param = first_param or param
-        kind = e.get("type")
-        if kind == "json_invalid":
-            return f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None
-        if not loc and kind in ("missing", "model_attributes_type", "dict_type", "model_type"):
-            return "the request body must be a JSON object (send Content-Type: application/json)", None
-        if kind == "extra_forbidden":
-            parts.append(f"Unrecognized request argument supplied: {param}")
-        else:
-            parts.append(f"{param}: {e.get('msg', 'invalid value')}" if param else str(e.get("msg")))
-    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-    return "; ".join(parts) + more, first_param
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
+    param = _field_path(tuple(first.get("loc", ())))
+    if not param and first.get("type") in ("missing", "model_attributes_type", "dict_type", "model_type"):
+        return "the request body must be a JSON object (send Content-Type: application/json)", None
+    top = param.split("[")[0].split(".")[0]
+    same = [e for e in errors if _field_path(tuple(e.get("loc", ()))).split("[")[0].split(".")[0] == top]
+    e = max(same, key=lambda e: len(e.get("loc", ())))  # max keeps the first of equals
+    param = _field_path(tuple(e.get("loc", ()))) or None
+    kind, ctx = e.get("type"), e.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return f"Unrecognized request argument supplied: {param}", param
+    if kind == "missing":
+        return f"{param} is required", param
+    if kind == "union_tag_invalid":
+        return f"{param}: the type {ctx.get('tag')!r} is not accepted here (use one of {ctx.get('expected_tags')})", param
+    if kind == "union_tag_not_found":
+        return f"{param}: the `type` field is missing", param
+    msg = str(e.get("msg", "invalid value"))
+    return (f"{param}: {msg[0].lower()}{msg[1:]}" if param else msg), param
+
+
+def _routes(routes) -> list:
+    out = []
+    for r in routes:
+        inner = getattr(r, "original_router", None)  # newer FastAPI keeps an included router whole
+        out += _routes(inner.routes) if inner is not None else [r]  # (routers are included without a prefix)
+    return out
+
+
+def routes_text(app: FastAPI) -> str:
+    """The app's routes as `GET /v1/models, POST /v1/chat/completions, ...` (WebSocket routes as `WS`)."""
+    out = []
+    for r in _routes(app.routes):
+        path = getattr(r, "path", None)
+        if path is None or not getattr(r, "include_in_schema", True):
+            continue
+        methods = sorted(m for m in getattr(r, "methods", None) or () if m != "HEAD") or ["WS"]
+        out += [f"{m} {path.replace(':path', '')}" for m in methods]
+    return ", ".join(out)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -131,6 +183,8 @@ def install_error_handlers(app: FastAPI) -> None:
         if kind is None:
             kind = "server_error" if exc.status_code >= 500 else "invalid_request"
         message = f"{request.method} {request.url.path}: {exc.detail}"
+        if exc.status_code == 404:  # an unknown route: say which exist, so a wrong base URL is plain to see
+            message += f"; this server has {routes_text(request.app)}"
         return ApiError(kind, message).response(dialect_of(request.url.path))
 
     @app.exception_handler(Exception)

@@ -24,11 +24,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Send
 
 from fastmode.engine.async_engine import EngineClosedError
+from fastmode.engine.errors import RequestError
 from fastmode.engine.llm_engine import LLMEngine, RequestOutput
 from fastmode.sampling_params import SamplingParams
 from fastmode.server.admission import Admission
 from fastmode.server.errors import ApiError
-from fastmode.server.served_model import ServedModel
+from fastmode.server.served_model import ServedModel, api_error
 from fastmode.server.state import ServerState
 
 
@@ -36,30 +37,37 @@ def resolve_max_tokens(engine: LLMEngine, prompt_len: int, max_tokens: int | Non
     """The output budget: `max_tokens`, or None, cut to what is left of the context. A budget
     past the context is accepted (clients send their own defaults, often larger than the
     model's context): generation then ends at the context limit, and the final output says
-    so (`length_limit == "context"`). 400 when the prompt alone leaves no room."""
-    limit = engine.max_model_len
-    if prompt_len >= limit:
-        raise ApiError(
-            "invalid_request", f"the prompt has {prompt_len} tokens; this model's context limit is {limit} tokens",
-            param="messages", code="context_length_exceeded",
-        )
-    room = limit - prompt_len
-    max_tokens = room if max_tokens is None else min(max_tokens, room)
-    sc = engine.scheduler_config
-    if -(-(prompt_len + 1) // sc.block_size) > sc.num_blocks:
-        raise ApiError("invalid_request", f"a prompt of {prompt_len} tokens can never fit in this server's KV cache")
-    return max_tokens
+    so (`length_limit == "context"`). 400 when the prompt alone leaves no room, or can never
+    fit in the KV cache (the engine's own rule)."""
+    try:
+        engine.scheduler.check_prompt_len(prompt_len)
+    except RequestError as e:
+        raise api_error(e, "messages") from None
+    room = engine.max_model_len - prompt_len
+    return room if max_tokens is None else min(max_tokens, room)
 
 
 def make_params(model: ServedModel, **kwargs) -> SamplingParams:
-    """SamplingParams from the fields a client set (None = our default); bad values,
-    or values `model` cannot honour (a draft model it lacks), -> 400."""
+    """SamplingParams from the fields a client set (None = our default); bad values -> 400.
+    What `model` cannot honour (a draft model it lacks) is its engine's to say:
+    `ServedModel.check_request`."""
     try:
-        params = SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
+        return SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
     except ValueError as e:
         raise ApiError("invalid_request", str(e)) from e
-    model.check_params(params)
-    return params
+
+
+async def check_structured(model: ServedModel, params: SamplingParams, param: str) -> None:
+    """Compile the request's grammar now, on a worker thread, so a bad schema is a 400 before
+    any stream starts (the engine reuses the cached result when the request is added)."""
+    if params.structured is None:
+        return
+    from fastmode.engine.structured import StructuredOutputError, compile_structured
+
+    try:
+        await anyio.to_thread.run_sync(compile_structured, params.structured, model.tokenizer)
+    except StructuredOutputError as e:
+        raise ApiError("invalid_request", f"{param}: {e}", param=param, code="invalid_schema") from None
 
 
 def stop_details(o: RequestOutput, params: SamplingParams, tokenizer) -> tuple[str, str | None]:
@@ -79,12 +87,18 @@ class Job:
 
     def __init__(self, state: ServerState, model: ServedModel, prompt_ids: list[int], params: SamplingParams,
                  admission: Admission):
+        try:  # a 400 before any stream starts, whether or not the dialect checked before admission
+            model.check_request(prompt_ids, params)
+        except ApiError:
+            admission.settle(0)
+            raise
         self.state = state
         self.model = model
         self.prompt_ids = prompt_ids
         self.params = params
         self.admission = admission
         self.last: RequestOutput | None = None
+        self.logprobs: list = []  # every output token's TokenLogprob so far, when params.logprobs is set
         self.finished = False
 
     @property
@@ -99,6 +113,8 @@ class Job:
                 rid = engine.add_request(self.prompt_ids, self.params, self.admission.tier)
             except EngineClosedError as e:
                 raise ApiError("overloaded", "the server is shutting down and takes no new requests") from e
+            except RequestError as e:
+                raise api_error(e) from e
             except ValueError as e:
                 raise ApiError("invalid_request", str(e)) from e
             prev_s = None
@@ -109,6 +125,7 @@ class Job:
                     metrics.observe_tokens(name, self.tier, n, None if prev_s is None else now - prev_s)
                     prev_s = now if n else prev_s
                     num_out, self.last = len(o.token_ids), o
+                    self.logprobs += getattr(o, "delta_logprobs", None) or []
                     if o.finished:
                         self.finished = True
                         if o.metrics is not None:
@@ -153,6 +170,72 @@ async def collect(request: Request, job: Job) -> RequestOutput | None:
     if work.done() and not work.cancelled():
         return work.result()  # raises the job's ApiError, if any
     return None
+
+
+async def collect_all(request: Request, jobs: list[Job]) -> list[RequestOutput] | None:
+    """`collect` for several jobs at once (the choices of one request); None if the client left."""
+    if len(jobs) == 1:
+        o = await collect(request, jobs[0])
+        return None if o is None else [o]
+
+    async def consume(job: Job) -> RequestOutput | None:
+        async with aclosing(job.outputs()) as outs:
+            async for _ in outs:
+                pass
+        return job.last
+
+    work = asyncio.ensure_future(asyncio.gather(*(consume(j) for j in jobs)))
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (work, watch):
+            t.cancel()
+        await asyncio.gather(work, watch, return_exceptions=True)
+        for j in jobs:
+            j.close()
+    if work.done() and not work.cancelled():
+        return work.result()  # raises the first job's ApiError, if any
+    return None
+
+
+async def interleave(jobs: list[Job]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """The outputs of several jobs as they come, tagged with the job's index. Closing this
+    generator closes every job's stream (aborting what is still running); a job's error is
+    raised here once the outputs before it are out."""
+    if len(jobs) == 1:
+        async with aclosing(jobs[0].outputs()) as outs:
+            async for o in outs:
+                yield 0, o
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, job: Job) -> None:
+        try:
+            async with aclosing(job.outputs()) as outs:
+                async for o in outs:
+                    await queue.put((i, o))
+        except ApiError as e:
+            await queue.put((i, e))
+        finally:
+            await queue.put((i, done))
+
+    tasks = [asyncio.ensure_future(pump(i, j)) for i, j in enumerate(jobs)]
+    try:
+        running = len(tasks)
+        while running:
+            i, item = await queue.get()
+            if item is done:
+                running -= 1
+            elif isinstance(item, ApiError):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def client_gone() -> Response:

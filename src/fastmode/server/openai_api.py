@@ -8,28 +8,61 @@ service_tier mapping (request -> engine tier -> response `service_tier`):
                        else standard; `service_tier_fallback_reason` says why.
 An absent service_tier is served as standard, not auto: if unmarked traffic
 rode the fast lane, the lane would cap every batch and stop being fast.
-`requested_service_tier` echoes what the client asked for.
+`requested_service_tier` echoes what the client asked for; the header
+`x-fastmode-tier` carries the served tier in the same words.
+
+Tools, `response_format`, logprobs, `n` and the penalties are documented in
+docs/server.md; tools go through server/tools.py (one grammar per turn, one
+parser over the output), `n` runs one engine request per choice on the same
+prompt ids, so the prefix cache shares the prompt's KV between them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from fastmode.engine.llm_engine import RequestOutput
 from fastmode.engine.tiers import Tier
+from fastmode.sampling_params import SamplingParams, StructuredOutput
 from fastmode.server.admission import Admission, TierChoice
 from fastmode.server.errors import OPENAI, ApiError
-from fastmode.server.generation import Job, SSEResponse, client_gone, collect, make_params, resolve_max_tokens, sse_event
-from fastmode.server.openai_models import ChatCompletionRequest, CompletionRequest, SamplingFields
+from fastmode.server.generation import (
+    Job,
+    SSEResponse,
+    check_structured,
+    client_gone,
+    collect_all,
+    interleave,
+    make_params,
+    resolve_max_tokens,
+    sse_event,
+)
+from fastmode.server.logprobs import TokenText, chat_logprobs, completion_logprobs
+from fastmode.server.openai_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    chat_messages,
+)
 from fastmode.server.ratelimit import openai_headers
 from fastmode.server.served_model import ServedModel
 from fastmode.server.state import ServerState, get_state, require_api_key
+from fastmode.server.tools import (
+    ArgumentsDelta,
+    CallStart,
+    TextDelta,
+    ToolCallParser,
+    ToolError,
+    check_tools,
+    render_prompt,
+    tool_grammar,
+)
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -57,37 +90,67 @@ def tier_fields(a: Admission) -> dict:
     }
 
 
-def usage(o: RequestOutput) -> dict:
-    """OpenAI's usage, plus what fastmode metered for this request."""
-    m = o.metrics
-    prompt, completion = len(o.prompt_token_ids), len(o.token_ids)
+def usage(o: RequestOutput | list[RequestOutput]) -> dict:
+    """OpenAI's usage, plus what fastmode metered. With several choices the prompt counts
+    once and the completion tokens, cost and machine time of every choice add up."""
+    outs = o if isinstance(o, list) else [o]
+    first = outs[0].metrics
+    prompt, completion = len(outs[0].prompt_token_ids), sum(len(x.token_ids) for x in outs)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": m.cached_tokens if m else 0},
+        "prompt_tokens_details": {"cached_tokens": first.cached_tokens if first else 0},
         "completion_tokens_details": {"reasoning_tokens": 0},
-        "cost_usd": m.cost_usd if m else 0.0,
-        "machine_seconds": m.machine_s if m else 0.0,
-        "time_to_first_token_seconds": m.ttft_s if m else None,
+        "cost_usd": sum(x.metrics.cost_usd for x in outs if x.metrics),
+        "machine_seconds": sum(x.metrics.machine_s for x in outs if x.metrics),
+        "time_to_first_token_seconds": first.ttft_s if first else None,
     }
 
 
-def response_headers(a: Admission) -> dict[str, str]:
-    return {"x-fastmode-tier": a.tier.value, **openai_headers(a.rate_limits)}
+def response_headers(a: Admission, request_id: str) -> dict[str, str]:
+    return {"x-request-id": request_id, "x-fastmode-tier": SERVED_TIER_NAME[a.tier], **openai_headers(a.rate_limits)}
 
 
-def _prepare(
-    state: ServerState, model: ServedModel, body: SamplingFields, ids: list[int], max_tokens: int | None, param: str
-) -> Job:
-    """Validate lengths and sampling, then admit: nothing after this can fail before the stream starts."""
+def _admit(model: ServedModel, service_tier: str | None, prompt_len: int, max_tokens: int, n: int) -> list[Admission]:
+    """One admission per choice, all on the tier the first one got: n choices are n rows in
+    the batch. The prompt counts once against the rate limits, as it is prefilled once."""
+    first = model.admission.admit(tier_choice(service_tier), prompt_len, max_tokens)
+    admitted = [first]
+    try:
+        for _ in range(n - 1):
+            admitted.append(model.admission.admit(TierChoice(first.tier, service_tier), 0, max_tokens))
+    except ApiError:
+        for a in admitted:
+            a.settle(0)
+        raise
+    return admitted
+
+
+async def _prepare(
+    state: ServerState, model: ServedModel, body: SamplingFields, ids: list[int], max_tokens: int | None, param: str,
+    *, structured: StructuredOutput | None = None, logprobs: int | None = None, structured_param: str = "",
+    prompt_param: str = "messages",
+) -> list[Job]:
+    """Validate lengths, sampling, the request and the grammar, then admit: nothing after this can fail before the
+    stream starts."""
     max_tokens = resolve_max_tokens(model.engine, len(ids), max_tokens, param)
     params = make_params(
         model, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
         max_tokens=max_tokens, stop=body.stop_list(), ignore_eos=body.ignore_eos, speculative=body.speculative,
+        structured=structured, logprobs=logprobs, presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias_pairs(model.tokenizer.vocab_size) or None,
     )
-    admission = model.admission.admit(tier_choice(body.service_tier), len(ids), max_tokens)
-    return Job(state, model, ids, params, admission)
+    model.check_request(ids, params, prompt_param)
+    await check_structured(model, params, structured_param)
+    n = body.n or 1
+    admissions = _admit(model, body.service_tier, len(ids), max_tokens, n)
+    return [Job(state, model, ids, _choice_params(params, i), a) for i, a in enumerate(admissions)]
+
+
+def _choice_params(params: SamplingParams, i: int) -> SamplingParams:
+    # A seeded request with n choices gives n different (and reproducible) samples.
+    return params if i == 0 or params.seed is None else dataclasses.replace(params, seed=params.seed + i)
 
 
 def _card(state: ServerState, model: ServedModel) -> dict:
@@ -112,49 +175,129 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = get_state(request)
     model = state.select(body.model)
     body.unsupported()
-    # "developer" is the newer name of "system"; chat templates know only the latter.
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    messages = chat_messages(body.messages)
+    tools, choice = body.tool_specs(), body.tool_choice_of()
+    # tool_choice none: the tools are neither described to the model nor callable.
+    offered = tools if choice.mode != "none" else []
     try:
-        ids = model.tokenizer.encode_chat(messages)
+        check_tools(tools)
+        grammar = tool_grammar(offered, choice)
+    except ToolError as e:
+        raise ApiError("invalid_request", str(e), param=e.param) from None
+    structured, structured_param = grammar, "tools"
+    if body.structured() is not None:
+        if grammar is not None:
+            raise ApiError("invalid_request", "response_format cannot be combined with callable tools; "
+                           "send tool_choice none, or describe the output as a tool", param="response_format")
+        structured, structured_param = body.structured(), "response_format"
+    try:
+        ids = render_prompt(model.tokenizer, messages, offered)
     except ValueError as e:  # no template, or the template refused the conversation
         raise ApiError("invalid_request", str(e), param="messages") from e
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    job = _prepare(state, model, body, ids, body.output_limit(), param)
+    jobs = await _prepare(state, model, body, ids, body.output_limit(), param, structured=structured,
+                          logprobs=body.num_logprobs(), structured_param=structured_param)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     head = {"id": rid, "created": created, "model": model.name, "system_fingerprint": FINGERPRINT,
-            **tier_fields(job.admission)}
-    headers = response_headers(job.admission)
+            **tier_fields(jobs[0].admission)}
+    headers = response_headers(jobs[0].admission, rid)
+    out = _ChatOutput(model, with_tools=bool(offered), logprobs=body.num_logprobs() is not None)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return SSEResponse(_chat_events(job, head, include_usage), on_close=job.close, headers=headers)
-    o = await collect(request, job)
-    if o is None:
+        return SSEResponse(_chat_events(jobs, head, include_usage, out), on_close=lambda: _close(jobs),
+                           headers=headers)
+    outs = await collect_all(request, jobs)
+    if outs is None:
         return client_gone()
-    choice = {"index": 0, "message": {"role": "assistant", "content": o.text, "refusal": None},
-              "logprobs": None, "finish_reason": o.finish_reason}
-    return JSONResponse({**head, "object": "chat.completion", "choices": [choice], "usage": usage(o)}, headers=headers)
+    choices = [out.choice(i, o, j.logprobs) for i, (o, j) in enumerate(zip(outs, jobs))]
+    return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": usage(outs)}, headers=headers)
 
 
-async def _chat_events(job: Job, head: dict, include_usage: bool) -> AsyncIterator[str]:
+def _close(jobs: list[Job]) -> None:
+    for j in jobs:
+        j.close()
+
+
+def _finish_reason(o: RequestOutput, calls: bool) -> str | None:
+    return "tool_calls" if calls and o.finish_reason == "stop" else o.finish_reason
+
+
+class _ChatOutput:
+    """How the generated text of each choice becomes a message, or message deltas."""
+
+    def __init__(self, model: ServedModel, with_tools: bool, logprobs: bool):
+        self.with_tools = with_tools
+        self.tokens = TokenText(model.tokenizer) if logprobs else None
+
+    def parser(self) -> ToolCallParser | None:
+        return ToolCallParser("call_") if self.with_tools else None
+
+    def logprobs(self, entries) -> dict | None:
+        if self.tokens is None:
+            return None
+        return {"content": chat_logprobs(self.tokens, entries or []), "refusal": None}
+
+    def choice(self, index: int, o: RequestOutput, logprobs: list) -> dict:
+        message: dict = {"role": "assistant", "content": o.text, "refusal": None}
+        calls = []
+        parser = self.parser()
+        if parser is not None:
+            parser.feed(o.text)
+            parser.finish()
+            calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
+                     for c in parser.calls]
+            message["content"] = parser.text or (None if calls else "")
+            if calls:
+                message["tool_calls"] = calls
+        return {"index": index, "message": message, "logprobs": self.logprobs(logprobs),
+                "finish_reason": _finish_reason(o, bool(calls))}
+
+
+def _deltas(parser: ToolCallParser | None, text: str, final: bool) -> list[dict]:
+    """Chat deltas for a piece of generated text (and, when `final`, for what the parser held back)."""
+    events = ([TextDelta(text)] if text else []) if parser is None else parser.feed(text)
+    if final and parser is not None:
+        events += parser.finish()
+    out = []
+    for e in events:
+        if isinstance(e, TextDelta):
+            out.append({"content": e.text})
+        elif isinstance(e, CallStart):
+            out.append({"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
+                                        "function": {"name": e.name, "arguments": ""}}]})
+        elif isinstance(e, ArgumentsDelta):
+            out.append({"tool_calls": [{"index": e.index, "function": {"arguments": e.fragment}}]})
+    return out
+
+
+async def _chat_events(jobs: list[Job], head: dict, include_usage: bool, out: _ChatOutput) -> AsyncIterator[str]:
     head = {**head, "object": "chat.completion.chunk"}
     extra = {"usage": None} if include_usage else {}
+    parsers = [out.parser() for _ in jobs]
+    pending: list[list] = [[] for _ in jobs]  # logprobs not yet sent with a chunk, per choice
 
-    def chunk(delta: dict, finish: str | None = None) -> str:
-        return sse_event({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
+    def chunk(i: int, delta: dict, finish: str | None = None) -> str:
+        logprobs = None
+        if out.tokens is not None and (pending[i] or finish):
+            logprobs, pending[i] = out.logprobs(pending[i]), []
+        choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return sse_event({**head, "choices": [choice], **extra})
 
-    yield chunk({"role": "assistant", "content": ""})
+    for i in range(len(jobs)):
+        yield chunk(i, {"role": "assistant", "content": ""})
     try:
-        async with aclosing(job.outputs()) as outs:
-            async for o in outs:
-                if o.delta_text:
-                    yield chunk({"content": o.delta_text})
+        async for i, o in interleave(jobs):
+            pending[i] += getattr(o, "delta_logprobs", None) or []
+            for delta in _deltas(parsers[i], o.delta_text, o.finished):
+                yield chunk(i, delta)
+            if o.finished:
+                calls = parsers[i] is not None and bool(parsers[i].calls)
+                yield chunk(i, {}, _finish_reason(o, calls))
     except ApiError as e:  # headers are gone: report in-band, as OpenAI does
         yield sse_event(e.body(OPENAI))
         return
-    last = job.last
-    yield chunk({}, last.finish_reason)
     if include_usage:
-        yield sse_event({**head, "choices": [], "usage": usage(last)})
+        yield sse_event({**head, "choices": [], "usage": usage([j.last for j in jobs])})
     yield "data: [DONE]\n\n"
 
 
@@ -164,41 +307,48 @@ async def completions(body: CompletionRequest, request: Request):
     model = state.select(body.model)
     body.unsupported()
     prompt = body.single_prompt()
-    if isinstance(prompt, str):
-        ids = model.tokenizer.encode(prompt)
-    else:
-        vocab = model.engine.loaded.config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise ApiError("invalid_request", f"prompt token ids must be in [0, {vocab})", param="prompt")
-        ids = list(prompt)
-    job = _prepare(state, model, body, ids, body.max_tokens, "max_tokens")
-    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": model.name, "system_fingerprint": FINGERPRINT, **tier_fields(job.admission)}
-    headers = response_headers(job.admission)
+    ids = model.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    jobs = await _prepare(state, model, body, ids, body.max_tokens, "max_tokens", logprobs=body.logprobs,
+                          prompt_param="prompt")
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    head = {"id": rid, "object": "text_completion", "created": int(time.time()),
+            "model": model.name, "system_fingerprint": FINGERPRINT, **tier_fields(jobs[0].admission)}
+    headers = response_headers(jobs[0].admission, rid)
+    tokens = TokenText(model.tokenizer) if body.logprobs is not None else None
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return SSEResponse(_completion_events(job, head, include_usage), on_close=job.close, headers=headers)
-    o = await collect(request, job)
-    if o is None:
+        return SSEResponse(_completion_events(jobs, head, include_usage, tokens), on_close=lambda: _close(jobs),
+                           headers=headers)
+    outs = await collect_all(request, jobs)
+    if outs is None:
         return client_gone()
-    choice = {"index": 0, "text": o.text, "logprobs": None, "finish_reason": o.finish_reason}
-    return JSONResponse({**head, "choices": [choice], "usage": usage(o)}, headers=headers)
+    choices = [{"index": i, "text": o.text, "finish_reason": o.finish_reason,
+                "logprobs": completion_logprobs(tokens, j.logprobs, 0) if tokens else None}
+               for i, (o, j) in enumerate(zip(outs, jobs))]
+    return JSONResponse({**head, "choices": choices, "usage": usage(outs)}, headers=headers)
 
 
-async def _completion_events(job: Job, head: dict, include_usage: bool) -> AsyncIterator[str]:
+async def _completion_events(jobs: list[Job], head: dict, include_usage: bool,
+                             tokens: TokenText | None) -> AsyncIterator[str]:
     extra = {"usage": None} if include_usage else {}
+    offsets = [0] * len(jobs)  # characters of text sent so far, per choice: the logprobs' text_offset
 
-    def chunk(text: str, finish: str | None = None) -> str:
-        return sse_event({**head, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], **extra})
+    def chunk(i: int, o: RequestOutput) -> str:
+        logprobs = None
+        if tokens is not None:
+            logprobs = completion_logprobs(tokens, getattr(o, "delta_logprobs", None) or [], offsets[i])
+        offsets[i] += len(o.delta_text)
+        choice = {"index": i, "text": o.delta_text, "logprobs": logprobs,
+                  "finish_reason": o.finish_reason if o.finished else None}
+        return sse_event({**head, "choices": [choice], **extra})
 
     try:
-        async with aclosing(job.outputs()) as outs:
-            async for o in outs:
-                if o.delta_text or o.finished:
-                    yield chunk(o.delta_text, o.finish_reason if o.finished else None)
+        async for i, o in interleave(jobs):
+            if o.delta_text or o.finished or (tokens is not None and getattr(o, "delta_logprobs", None)):
+                yield chunk(i, o)
     except ApiError as e:
         yield sse_event(e.body(OPENAI))
         return
     if include_usage:
-        yield sse_event({**head, "choices": [], "usage": usage(job.last)})
+        yield sse_event({**head, "choices": [], "usage": usage([j.last for j in jobs])})
     yield "data: [DONE]\n\n"

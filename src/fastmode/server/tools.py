@@ -32,7 +32,7 @@ import json
 import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -78,8 +78,12 @@ class ToolSpec:
 
     name: str
     description: str = ""
-    parameters: dict = field(default_factory=lambda: dict(_EMPTY_PARAMETERS))
+    parameters: dict | None = None  # None: no arguments (an object with any properties)
     strict: bool = False
+
+    def __post_init__(self) -> None:
+        if self.parameters is None:
+            object.__setattr__(self, "parameters", dict(_EMPTY_PARAMETERS))
 
     def as_hf(self) -> dict:
         """The shape chat templates expect (transformers' `tools=` argument)."""
@@ -245,7 +249,7 @@ def fallback_messages(messages: Sequence[Message], tools: Sequence[ToolSpec]) ->
     return out
 
 
-_PROBE_TOOL = ToolSpec("fastmode_probe_tool", "probe", dict(_EMPTY_PARAMETERS))
+_PROBE_TOOL = ToolSpec("fastmode_probe_tool", "probe")
 _native_by_template: dict[str, bool] = {}
 
 
