@@ -7,7 +7,6 @@ import json
 import pytest
 from websockets.sync.client import connect
 
-from fastmode.server.conversation import ResponseStore, Turn, build_prompt
 from tests.server.conftest import LONG_PROMPT
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed", "error")
@@ -54,33 +53,6 @@ def test_previous_response_id_reuses_the_kv_prefix(server):
     # Every full block of turn 1 (prompt + reply) is served from the cache.
     assert usage["input_tokens_details"]["cached_tokens"] >= (prompt1 + out1 - 1) // 16 * 16 > 0
     assert usage["input_tokens"] > prompt1 + out1
-
-
-def test_build_prompt_extends_the_previous_tokens_exactly(server):
-    tok = server.engine.tokenizer
-    ids1, hist1, reused = build_prompt(tok, None, "sys", [{"role": "user", "content": "hello"}])
-    assert not reused and ids1 == tok.encode_chat([{"role": "system", "content": "sys"}, {"role": "user", "content": "hello"}])
-    reply_ids = tok.encode("fine thanks", add_special_tokens=False) + [min(tok.eos_token_ids)]
-    turn = Turn("r1", "sys", hist1 + [{"role": "assistant", "content": "fine thanks"}], ids1, reply_ids, True)
-    ids2, hist2, reused = build_prompt(tok, turn, "sys", [{"role": "user", "content": "again"}])
-    assert reused and ids2[: len(ids1) + len(reply_ids)] == ids1 + reply_ids
-    full = tok.apply_chat_template([{"role": "system", "content": "sys"}] + hist2)
-    assert tok.decode(ids2, skip_special_tokens=False) == full  # the same conversation, token-exact prefix
-    _, _, reused = build_prompt(tok, turn, "other instructions", [{"role": "user", "content": "again"}])
-    assert not reused  # changed instructions change the prefix: render afresh
-    # A reply cut inside a UTF-8 character: the client saw less text than the tokens hold.
-    partial = next(i for i in range(tok.vocab_size) if tok.decode([i]) == "\ufffd")
-    cut = Turn("r2", "sys", hist1 + [{"role": "assistant", "content": "fine"}], ids1,
-               tok.encode("fine", add_special_tokens=False) + [partial], True)
-    ids3, _, reused = build_prompt(tok, cut, "sys", [{"role": "user", "content": "again"}])
-    assert reused and ids3[: len(ids1) + len(cut.output_ids)] == ids1 + cut.output_ids
-
-
-def test_store_is_bounded():
-    store = ResponseStore(2)
-    for i in range(3):
-        store.put(Turn(f"r{i}", None, [], [], [], True))
-    assert len(store) == 2 and store.get("r0") is None and store.get("r2") is not None
 
 
 @pytest.mark.parametrize(
