@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from fastmode.engine.errors import RequestError
 from fastmode.engine.scheduler import Scheduler, SchedulerConfig
 from fastmode.engine.sequence import FinishReason, LengthLimit, Sequence, Status
 from fastmode.engine.tiers import Tier
@@ -219,10 +220,11 @@ def test_abort_at_every_stage_frees_everything(stage):
 
 def test_request_that_can_never_fit_is_rejected_up_front():
     s = Scheduler(SchedulerConfig(num_blocks=2, block_size=4, max_model_len=100))
-    with pytest.raises(ValueError, match="never fit"):
+    with pytest.raises(RequestError, match="never fit"):
         s.add(make("big", n_prompt=20))
-    with pytest.raises(ValueError, match="context limit"):
+    with pytest.raises(RequestError, match="context limit") as e:
         s.add(make("long", n_prompt=100))
+    assert (e.value.param, e.value.code) == ("prompt", "context_length_exceeded")
     s.add(make("ok", n_prompt=4))
     with pytest.raises(ValueError, match="duplicate"):
         s.add(make("ok", n_prompt=4))

@@ -16,6 +16,7 @@ import torch
 
 from fastmode.engine.config import EngineConfig
 from fastmode.engine.detokenizer import IncrementalDetokenizer
+from fastmode.engine.errors import RequestError
 from fastmode.engine.metering import RequestMetrics, attribute_step, request_metrics
 from fastmode.engine.model_runner import ModelRunner
 from fastmode.engine.scheduler import Scheduler
@@ -147,19 +148,32 @@ class LLMEngine:
         """Check a request and build its Sequence without touching the scheduler's state,
         so a thread other than the one stepping the engine may call it (AsyncEngine does)."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        if not ids:
-            raise ValueError("prompt is empty")
-        vocab = self.loaded.config.vocab_size
-        if any(t < 0 or t >= vocab for t in ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if params.speculative == "draft" and self.drafter is None:
-            raise ValueError("speculative='draft' needs a draft model; start the engine with draft_model=...")
+        self.check_request(ids, params)
         rid = request_id or f"req-{next(self._ids)}"
         seq = Sequence(rid, ids, params, Tier.parse(tier), arrival_time_s=self.clock())
-        self.scheduler.check(seq)  # raises ValueError
         if params.structured is not None:  # compiled here, off the engine thread; cached per spec
             seq.grammar = compile_structured(params.structured, self.tokenizer)  # raises StructuredOutputError
         return seq
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise RequestError if this engine can never run the request; the one validation of a
+        request. `make_sequence` runs it, and the server runs it before it admits a request, so
+        bad input is a 400 before any stream starts. Reads only the configuration: any thread
+        may call it."""
+        if not prompt_token_ids:
+            raise RequestError("prompt is empty", param="prompt")
+        vocab = self.loaded.config.vocab_size
+        if any(t < 0 or t >= vocab for t in prompt_token_ids):
+            raise RequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        self.scheduler.check_prompt_len(len(prompt_token_ids))  # the context and the KV cache
+        if params.logit_bias and (top := max(t for t, _ in params.logit_bias)) >= vocab:
+            raise RequestError(f"logit_bias token ids must be in [0, {vocab}), got {top}", param="logit_bias")
+        if params.speculative == "draft" and self.drafter is None:
+            raise RequestError(
+                "speculative: 'draft' needs a draft model, and this engine runs without one (start it with "
+                "draft_model=..., or `fastmode serve --draft-model`); use 'ngram' or 'off', or leave it unset",
+                param="speculative", code="unsupported_parameter",
+            )
 
     def add_sequence(self, seq: Sequence) -> str:
         """Queue a sequence from `make_sequence` (on the thread that steps the engine)."""

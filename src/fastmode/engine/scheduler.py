@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from fastmode.engine.block_manager import BlockManager
+from fastmode.engine.errors import RequestError
 from fastmode.engine.sequence import FinishReason, LengthLimit, Sequence, Status
 from fastmode.engine.tiers import Tier
 from fastmode.engine.waiting_queue import TieredQueue
@@ -103,18 +104,26 @@ class Scheduler:
         self._by_id: dict[str, Sequence] = {}
 
     # -- requests ----------------------------------------------------------
-    def check(self, seq: Sequence) -> None:
-        """Raise ValueError if `seq` could never run here. Reads only the configuration,
-        so another thread may call it while the engine thread steps."""
-        if len(seq) >= self.config.max_model_len:
-            raise ValueError(f"prompt has {len(seq)} tokens; the context limit is {self.config.max_model_len}")
-        if self.block_manager.blocks_for(len(seq) + 1) > self.config.num_blocks:
-            raise ValueError(f"prompt of {len(seq)} tokens can never fit in the KV cache")
+    def check_prompt_len(self, num_prompt_tokens: int) -> None:
+        """Raise RequestError if a prompt this long could never run here: it leaves no room in the
+        context for a token, or it and its first output token can never fit in the KV cache.
+        Reads only the configuration, so another thread may call it while the engine thread steps."""
+        limit = self.config.max_model_len
+        if num_prompt_tokens >= limit:
+            raise RequestError(
+                f"the prompt has {num_prompt_tokens} tokens; this model's context limit is {limit} tokens",
+                param="prompt", code="context_length_exceeded",
+            )
+        if self.block_manager.blocks_for(num_prompt_tokens + 1) > self.config.num_blocks:
+            raise RequestError(f"a prompt of {num_prompt_tokens} tokens can never fit in the KV cache", param="prompt")
 
     def add(self, seq: Sequence) -> None:
+        """Queue `seq`. Its prompt length is checked again (LLMEngine.check_request checked the whole
+        request), so that a caller driving the scheduler directly, the simulator, cannot queue a
+        request that would wait forever."""
         if seq.request_id in self._by_id:
             raise ValueError(f"duplicate request id {seq.request_id!r}")
-        self.check(seq)
+        self.check_prompt_len(len(seq))
         self._by_id[seq.request_id] = seq
         self.waiting.add(seq)
 

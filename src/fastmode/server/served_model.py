@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastmode.engine.async_engine import AsyncEngine, EngineStats
+from fastmode.engine.errors import RequestError
 from fastmode.engine.llm_engine import LLMEngine
 from fastmode.sampling_params import SamplingParams
 from fastmode.server.admission import AdmissionController
@@ -55,16 +56,19 @@ class ServedModel:
         a = self.async_engine
         return a.stats() if a is not None else None
 
-    def check_params(self, params: SamplingParams) -> None:
-        """Refuse, before admission and before any stream starts, what this model's engine cannot do.
+    def check_request(self, prompt_ids: list[int], params: SamplingParams, prompt_param: str = "prompt") -> None:
+        """The engine's validation of a request (`LLMEngine.check_request`), answered as a 400.
 
-        The engine would refuse it too, but only once the request reaches it,
-        which for a streaming response is after the 200 has been sent.
+        Call it before admission: the engine would refuse the request too, but only once
+        it reaches it, which for a streaming response is after the 200 has been sent.
+        `prompt_param` names the prompt's field in the client's dialect ("messages", "input").
         """
-        if params.speculative == "draft" and self.engine.drafter is None:
-            raise ApiError(
-                "invalid_request",
-                f"speculative: 'draft' needs a draft model and `{self.name}` is served without one "
-                "(start the server with --draft-model); use 'ngram' or 'off', or omit the field",
-                param="speculative", code="unsupported_parameter",
-            )
+        try:
+            self.engine.check_request(prompt_ids, params)
+        except RequestError as e:
+            raise api_error(e, prompt_param) from None
+
+
+def api_error(e: RequestError, prompt_param: str = "prompt") -> ApiError:
+    """A request the engine refused, as an invalid-request error (400) in any dialect."""
+    return ApiError("invalid_request", str(e), param=prompt_param if e.param == "prompt" else e.param, code=e.code)
