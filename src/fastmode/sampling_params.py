@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 StructuredKind = Literal["json_schema", "json_object", "regex", "lark"]
+STRUCTURED_KINDS = ("json_schema", "json_object", "regex", "lark")
+MAX_LOGPROBS = 20  # most alternatives a token's logprobs may list (OpenAI's limit)
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,13 @@ class StructuredOutput:
 
     kind: StructuredKind
     spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise ValueError(f"structured output kind must be one of {', '.join(STRUCTURED_KINDS)}; got {self.kind!r}")
+        if not isinstance(self.spec, str):
+            # ValueError like every other bad request field: the server maps it to a 400.
+            raise ValueError(f"structured output spec must be a string, got {type(self.spec).__name__}")  # noqa: TRY004
 
 
 @dataclass(frozen=True)
@@ -56,8 +67,8 @@ class SamplingParams:
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
-        if not (self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0 <= self.temperature < math.inf):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not (0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -68,7 +79,42 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty")
         if self.speculative not in (None, "off", "ngram", "draft"):
             raise ValueError(f"speculative must be one of off, ngram, draft; got {self.speculative!r}")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise ValueError("structured must be a StructuredOutput")
+        if self.logprobs is not None and (
+            isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (or None), got {self.logprobs!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
+        object.__setattr__(self, "logit_bias", _normalize_logit_bias(self.logit_bias))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _normalize_logit_bias(bias) -> tuple[tuple[int, float], ...]:
+    """A mapping or pairs of (token id, bias) -> pairs sorted by id, one per id (the last wins).
+    Ids are checked against the model's vocabulary where the request is (the engine)."""
+    pairs = bias.items() if isinstance(bias, Mapping) else bias or ()
+    out: dict[int, float] = {}
+    for pair in pairs:
+        try:
+            token, value = pair
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias entries must be (token id, bias) pairs, got {pair!r}") from None
+        if isinstance(token, str) and token.strip().lstrip("-").isdigit():
+            token = int(token)  # JSON object keys are strings
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"logit_bias token ids must be integers >= 0, got {token!r}")
+        if not _is_number(value) or not -100.0 <= value <= 100.0:
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {value!r} for token {token}")
+        out[token] = float(value)
+    return tuple(sorted(out.items()))

@@ -19,6 +19,7 @@ from fastmode.engine.detokenizer import IncrementalDetokenizer
 from fastmode.engine.errors import RequestError
 from fastmode.engine.metering import RequestMetrics, attribute_step, request_metrics
 from fastmode.engine.model_runner import ModelRunner
+from fastmode.engine.sampler import TokenLogprob
 from fastmode.engine.scheduler import Scheduler
 from fastmode.engine.sequence import FinishReason, Sequence
 from fastmode.engine.structured import compile_structured
@@ -51,6 +52,8 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     stop_reason: int | str | None = None
     length_limit: str | None = None  # "max_tokens" | "context"
+    # One per token of delta_token_ids when params.logprobs is not None (see engine/sampler.py).
+    delta_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -285,6 +288,9 @@ class LLMEngine:
         finished = seq.is_finished
         delta_text = tr.detok.take_delta(finished)
         delta_ids = out_ids[tr.num_sent_tokens :]
+        delta_logprobs = None
+        if seq.params.logprobs is not None:  # the runner may have sampled past a stop the scheduler cut
+            delta_logprobs = self.runner.take_logprobs(seq.request_id)[: len(delta_ids)]
         tr.num_sent_tokens = len(out_ids)
         metrics = None
         if finished:
@@ -304,4 +310,5 @@ class LLMEngine:
             metrics=metrics,
             stop_reason=seq.stop_reason,
             length_limit=seq.length_limit.value if seq.length_limit else None,
+            delta_logprobs=delta_logprobs,
         )
