@@ -271,6 +271,14 @@ def test_output_text_logprobs(server, client):
         assert lp.logprob <= 0 and len(lp.top_logprobs) == 3 and bytes(lp.bytes).decode("utf-8", "replace")
         # Greedy: the chosen token is the most likely one.
         assert lp.logprob == pytest.approx(max(t.logprob for t in lp.top_logprobs), abs=1e-4)
+    events = list(client.responses.create(model=server.model, input=LONG_PROMPT, max_output_tokens=5, temperature=0,
+                                          include=["message.output_text.logprobs"], top_logprobs=3, stream=True))
+    streamed = [(lp.token, lp.logprob) for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    done = [(lp.token, lp.logprob) for lp in events[-4].logprobs]
+    # Each delta carries its tokens' logprobs; a token whose text is held back (part of a
+    # UTF-8 character at the end) is only in the done event, which has every token.
+    assert done == [(lp.token, lp.logprob) for lp in logprobs] and done[: len(streamed)] == streamed
+    assert len(streamed) >= len(done) - 3
 
 
 def test_stream_disconnect_frees_kv(server):

@@ -34,6 +34,7 @@ from fastmode.server.generation import (
     resolve_max_tokens,
     stop_details,
 )
+from fastmode.server.logprobs import TokenText, chat_logprobs
 from fastmode.server.openai_api import tier_choice, tier_fields
 from fastmode.server.responses_events import OutputBuilder, new_id
 from fastmode.server.responses_models import ResponseRequest
@@ -169,47 +170,6 @@ def usage(o: RequestOutput | None, prompt_len: int, generated: bool = True) -> d
     }
 
 
-def token_bytes(tok: Tokenizer, token_id: int) -> bytes:
-    """The bytes a token stands for (a byte-level BPE token may hold part of a UTF-8 character)."""
-    piece = tok.token_to_str(token_id) or ""
-    table = _byte_decoder()
-    if piece and all(ch in table for ch in piece):
-        return bytes(table[ch] for ch in piece)
-    if piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:  # SentencePiece byte fallback
-        return bytes([int(piece[3:5], 16)])
-    return tok.decode([token_id], skip_special_tokens=False).encode("utf-8")
-
-
-_BYTE_DECODER: dict[str, int] | None = None
-
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, character -> byte."""
-    global _BYTE_DECODER
-    if _BYTE_DECODER is None:
-        from tokenizers import pre_tokenizers
-
-        alphabet = pre_tokenizers.ByteLevel.alphabet()
-        printable = [b for b in range(256) if chr(b) in alphabet]
-        others = [b for b in range(256) if chr(b) not in alphabet]
-        table = {chr(b): b for b in printable}
-        table.update({chr(256 + i): b for i, b in enumerate(others)})
-        _BYTE_DECODER = table
-    return _BYTE_DECODER
-
-
-def _logprob_entry(tok: Tokenizer, token_id: int, logprob: float) -> dict:
-    raw = token_bytes(tok, token_id)
-    return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
-
-
-def logprob_entries(tok: Tokenizer, o: RequestOutput) -> list[dict]:
-    """OpenAI's per-token logprobs for what this step added."""
-    return [{**_logprob_entry(tok, lp.token_id, lp.logprob),
-             "top_logprobs": [_logprob_entry(tok, t, p) for t, p in lp.top]}
-            for lp in getattr(o, "delta_logprobs", None) or ()]
-
-
 class ResponseRun:
     """Runs a prepared turn; `events()` yields the stream, `keep(turn)` receives the finished turn."""
 
@@ -271,14 +231,14 @@ class ResponseRun:
         # Where no call can come, the answer is one message, opened at once; otherwise the
         # parser decides what is text and what is a call, and items open as it says.
         parser = ToolCallParser("call_") if self.p.calls_possible else None
-        with_logprobs = job.params.logprobs is not None
+        token_text = TokenText(tok) if job.params.logprobs is not None else None
         if parser is None:
             for event in out.open_message():
                 yield event
         try:
             async with aclosing(job.outputs()) as outs:
                 async for o in outs:
-                    logprobs = logprob_entries(tok, o) if with_logprobs else None
+                    logprobs = chat_logprobs(token_text, o.delta_logprobs or ()) if token_text is not None else None
                     if parser is None:
                         events = out.text(o.delta_text, logprobs)
                     else:
