@@ -288,3 +288,22 @@ def test_stream_disconnect_frees_kv(server):
             if "response.output_text.delta" in line:
                 break
     assert server.wait_idle()
+
+
+def test_engine_failure_is_response_failed(server, client, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected step failure")
+
+    monkeypatch.setattr(server.engine.runner, "execute", broken)
+    events = list(client.responses.create(model=server.model, input="hi", max_output_tokens=5, stream=True))
+    assert [e.type for e in events] == ["response.created", "response.in_progress", "response.output_item.added",
+                                        "response.content_part.added", *TEXT_DONE, "response.failed"]
+    failed = events[-1].response
+    assert failed.status == "failed" and failed.error.code == "server_error" and failed.error.message
+    assert failed.output[0].status == "incomplete"
+    with pytest.raises(openai.InternalServerError) as e:
+        client.responses.create(model=server.model, input="hi", max_output_tokens=5)
+    assert e.value.body["type"] == "server_error"
+    monkeypatch.undo()
+    assert server.wait_idle()
+    assert client.responses.create(model=server.model, input="hi", max_output_tokens=2, temperature=0).status
