@@ -10,6 +10,7 @@ from llguidance import LLMatcher, LLTokenizer
 from tokenizers import Tokenizer as HFTokenizer
 
 from fastmode.loader.tokenizer import Tokenizer
+from fastmode.sampling_params import StructuredOutput
 from fastmode.server.tools import (
     ArgumentsDelta,
     CallEnd,
@@ -65,8 +66,8 @@ def accepts(ll_tok: LLTokenizer, grammar: str, text: str) -> bool:
     return m.consume_tokens(ll_tok.tokenize_str(text)) and m.is_accepting()
 
 
-def grammar(tools, choice) -> str:
-    g = tool_grammar(tools, choice)
+def grammar(tools, choice, answer=None) -> str:
+    g = tool_grammar(tools, choice, answer)
     assert g is not None and g.kind == "lark"
     return g.spec
 
@@ -98,6 +99,21 @@ def test_required_named_and_single_call(ll_tok):
     assert accepts(ll_tok, single, CALL_W) and not accepts(ll_tok, single, CALL_W + "\n" + CALL_N)
     none = grammar([WEATHER], ToolChoice("none"))
     assert accepts(ll_tok, none, "just text") and not accepts(ll_tok, none, CALL_W)
+
+
+def test_auto_with_an_answer_format_is_calls_or_one_json_answer(ll_tok):
+    answer = StructuredOutput("json_schema", json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                                         "required": ["ok"], "additionalProperties": False}))
+    g = grammar([WEATHER, NOOP], ToolChoice("auto"), answer)
+    assert accepts(ll_tok, g, '{"ok": true}') and accepts(ll_tok, g, CALL_N)
+    for bad in ["plain text", '{"ok":true}', '{"ok": true}' + CALL_N, "Sure. " + CALL_N]:
+        assert not accepts(ll_tok, g, bad), bad
+    assert tool_grammar([WEATHER], ToolChoice("none"), answer) is answer
+    assert tool_grammar([], ToolChoice("auto"), answer) is answer
+    forced = grammar([WEATHER, NOOP], ToolChoice("required"), answer)
+    assert accepts(ll_tok, forced, CALL_N) and not accepts(ll_tok, forced, '{"ok": true}')
+    with pytest.raises(ToolError, match="cannot be combined with tools"):
+        tool_grammar([WEATHER], ToolChoice("auto"), StructuredOutput("regex", "a+"))
 
 
 def test_grammar_errors_name_the_tool():

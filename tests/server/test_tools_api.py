@@ -98,8 +98,8 @@ def test_forced_call_on_the_fast_tier_then_the_result_goes_back(oai, tool_server
 
 
 def test_streamed_call_matches_the_plain_one(oai, tool_server):
-    kw = dict(tools=OPENAI_TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}},
-              service_tier="priority")
+    kw = {"tools": OPENAI_TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+          "service_tier": "priority"}
     plain = chat(oai, tool_server, **kw).choices[0]
     chunks = list(chat(oai, tool_server, stream=True, stream_options={"include_usage": True}, **kw))
     assert all(c.service_tier == "priority" for c in chunks)
@@ -148,6 +148,21 @@ def test_response_format_json_schema_and_json_object(oai, tool_server):
     valid("get_weather", json.loads(r.choices[0].message.content))
     obj = chat(oai, tool_server, response_format={"type": "json_object"}, max_tokens=30)
     assert obj.choices[0].message.content.startswith("{")
+
+
+def test_response_format_with_tools(oai, tool_server):
+    # As openai-agents sends it: the final answer's format, with tools the model may call first.
+    fmt = {"type": "json_schema", "json_schema": {"name": "report", "schema": TIME_SCHEMA, "strict": True}}
+    for seed in (1, 2, 3):
+        m = chat(oai, tool_server, tools=OPENAI_TOOLS, response_format=fmt, temperature=1.0, seed=seed).choices[0]
+        if m.finish_reason == "tool_calls":
+            for c in m.message.tool_calls:
+                valid(c.function.name, json.loads(c.function.arguments))
+        elif m.finish_reason == "stop":
+            valid("get_time", json.loads(m.message.content))
+    forced = chat(oai, tool_server, tools=OPENAI_TOOLS, response_format=fmt, tool_choice="required",
+                  parallel_tool_calls=False).choices[0]
+    assert forced.finish_reason == "tool_calls" and len(forced.message.tool_calls) == 1
 
 
 def test_invalid_schemas_are_400s_naming_them(oai, tool_server):
@@ -249,8 +264,8 @@ def test_anthropic_forced_call_fast_then_tool_result(ant, tool_server):
 
 
 def test_anthropic_streamed_tool_use(ant, tool_server):
-    kw = dict(model=tool_server.model, max_tokens=CALL_TOKENS, messages=ASK, tools=ANTHROPIC_TOOLS,
-              tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0})
+    kw = {"model": tool_server.model, "max_tokens": CALL_TOKENS, "messages": ASK, "tools": ANTHROPIC_TOOLS,
+          "tool_choice": {"type": "tool", "name": "get_weather"}, "extra_body": {"temperature": 0}}
     plain = ant.messages.create(**kw)
     with ant.messages.stream(**kw, speed="fast") as stream:
         events = list(stream)

@@ -143,7 +143,7 @@ async def create_message(body: MessagesRequest, request: Request):
         model, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, max_tokens=max_tokens,
         stop=tuple(body.stop_sequences or ()), speculative=body.speculative, structured=grammar,
     )
-    await check_structured(model, params, "tools")
+    await check_structured(model, grammar, "tools")
     # The beta header is accepted but not required: `speed` alone selects fast mode.
     want = TierChoice(Tier.FAST, "fast") if body.speed == "fast" else TierChoice(Tier.STANDARD, body.speed)
     admission = model.admission.admit(want, len(ids), max_tokens)

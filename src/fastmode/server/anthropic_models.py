@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fastmode.server.errors import ApiError
+from fastmode.server.errors import ApiError, validation_message
 from fastmode.server.openai_models import Speculative  # the same extension everywhere
 from fastmode.server.tools import ToolChoice, ToolSpec
 
@@ -155,10 +155,10 @@ class MessagesRequest(_Strict):
                                "server; define a client tool with name, description and input_schema", param="tools")
             try:
                 t = Tool.model_validate(raw)
-            except ValueError as e:
-                first = e.errors()[0] if hasattr(e, "errors") else {}
-                field = ".".join(str(p) for p in first.get("loc", ()))
-                raise ApiError("invalid_request", f"tools[{i}].{field}: {first.get('msg', e)}", param="tools") from None
+            except ValidationError as e:
+                message, field = validation_message(list(e.errors()))
+                where = f"tools[{i}]." if field and message.startswith(field) else f"tools[{i}]: "
+                raise ApiError("invalid_request", where + message, param="tools") from None
             specs.append(ToolSpec(t.name, t.description or "", t.input_schema, bool(t.strict)))
         return specs
 

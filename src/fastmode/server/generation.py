@@ -26,7 +26,7 @@ from starlette.types import Send
 from fastmode.engine.async_engine import EngineClosedError
 from fastmode.engine.errors import RequestError
 from fastmode.engine.llm_engine import LLMEngine, RequestOutput
-from fastmode.sampling_params import SamplingParams
+from fastmode.sampling_params import SamplingParams, StructuredOutput
 from fastmode.server.admission import Admission
 from fastmode.server.errors import ApiError
 from fastmode.server.served_model import ServedModel, api_error
@@ -57,15 +57,15 @@ def make_params(model: ServedModel, **kwargs) -> SamplingParams:
         raise ApiError("invalid_request", str(e)) from e
 
 
-async def check_structured(model: ServedModel, params: SamplingParams, param: str) -> None:
-    """Compile the request's grammar now, on a worker thread, so a bad schema is a 400 before
-    any stream starts (the engine reuses the cached result when the request is added)."""
-    if params.structured is None:
+async def check_structured(model: ServedModel, structured: StructuredOutput | None, param: str) -> None:
+    """Compile a request's grammar now, on a worker thread, so a bad schema is a 400 naming
+    `param` before any stream starts (the engine reuses the cached result when the request is added)."""
+    if structured is None:
         return
     from fastmode.engine.structured import StructuredOutputError, compile_structured
 
     try:
-        await anyio.to_thread.run_sync(compile_structured, params.structured, model.tokenizer)
+        await anyio.to_thread.run_sync(compile_structured, structured, model.tokenizer)
     except StructuredOutputError as e:
         raise ApiError("invalid_request", f"{param}: {e}", param=param, code="invalid_schema") from None
 

@@ -142,7 +142,7 @@ async def _prepare(
         frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias_pairs(model.tokenizer.vocab_size) or None,
     )
     model.check_request(ids, params, prompt_param)
-    await check_structured(model, params, structured_param)
+    await check_structured(model, structured, structured_param)
     n = body.n or 1
     admissions = _admit(model, body.service_tier, len(ids), max_tokens, n)
     return [Job(state, model, ids, _choice_params(params, i), a) for i, a in enumerate(admissions)]
@@ -179,17 +179,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     tools, choice = body.tool_specs(), body.tool_choice_of()
     # tool_choice none: the tools are neither described to the model nor callable.
     offered = tools if choice.mode != "none" else []
+    answer = body.structured()  # response_format: the form of a reply that calls no tool
+    await check_structured(model, answer, "response_format")
     try:
         check_tools(tools)
-        grammar = tool_grammar(offered, choice)
+        structured = tool_grammar(offered, choice, answer)
     except ToolError as e:
         raise ApiError("invalid_request", str(e), param=e.param) from None
-    structured, structured_param = grammar, "tools"
-    if body.structured() is not None:
-        if grammar is not None:
-            raise ApiError("invalid_request", "response_format cannot be combined with callable tools; "
-                           "send tool_choice none, or describe the output as a tool", param="response_format")
-        structured, structured_param = body.structured(), "response_format"
+    structured_param = "response_format" if structured is answer else "tools"
     try:
         ids = render_prompt(model.tokenizer, messages, offered)
     except ValueError as e:  # no template, or the template refused the conversation

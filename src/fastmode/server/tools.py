@@ -161,19 +161,26 @@ def _lark_string(s: str) -> str:
     return json.dumps(s)  # a Lark string literal uses JSON's escapes
 
 
-def tool_grammar(tools: Sequence[ToolSpec], choice: ToolChoice) -> StructuredOutput | None:
+def tool_grammar(tools: Sequence[ToolSpec], choice: ToolChoice,
+                 answer: StructuredOutput | None = None) -> StructuredOutput | None:
     """The Lark grammar (llguidance dialect) for a turn with `tools` under `choice`.
 
-    None when nothing constrains the turn (no tools, or choice none without tools).
-    Raises ToolError for bad tools or a named choice that names no offered tool.
+    `answer` (a json_schema or json_object output, as OpenAI's response_format
+    asks) is the form a reply without calls must take: under auto the turn is
+    then one such answer or calls; calls only under required and named.
+    None when nothing constrains the turn (no tools, or choice none without tools,
+    and no answer format). Raises ToolError for bad tools, a named choice that
+    names no offered tool, or an answer format that is not JSON.
     """
+    if answer is not None and answer.kind not in ("json_schema", "json_object"):
+        raise ToolError(f"a {answer.kind} output format cannot be combined with tools", "response_format")
     if not tools:
         if choice.mode in ("required", "named"):
             raise ToolError(f"tool_choice {choice.mode!r} needs at least one tool in `tools`", "tool_choice")
-        return None
+        return answer
     check_tools(tools)
-    if choice.mode == "none":  # tools described in the prompt but not callable: text without calls
-        return StructuredOutput("lark", "start: TEXT\n" + _TEXT_RULES)
+    if choice.mode == "none":  # tools described in the prompt but not callable
+        return answer or StructuredOutput("lark", "start: TEXT\n" + _TEXT_RULES)
     offered = list(tools)
     if choice.mode == "named":
         offered = [t for t in tools if t.name == choice.name]
@@ -181,7 +188,13 @@ def tool_grammar(tools: Sequence[ToolSpec], choice: ToolChoice) -> StructuredOut
             names = ", ".join(t.name for t in tools)
             raise ToolError(f"tool_choice names {choice.name!r}, which is not in `tools` ({names})", "tool_choice")
     more = f'more: ({_lark_string(CALL_SEPARATOR + CALL_OPEN)} call)*\n' if choice.parallel else "more: \n"
-    start = {"auto": "start: TEXT | head call more\n"}.get(choice.mode, f"start: {_lark_string(CALL_OPEN)} call more\n")
+    calls = f"{_lark_string(CALL_OPEN)} call more"
+    if choice.mode != "auto":
+        start = f"start: {calls}\n"
+    elif answer is None:
+        start = "start: TEXT | head call more\n"
+    else:  # a JSON answer never starts with the opening tag: the first byte decides
+        start = f"start: answer | {calls}\nanswer: %json {_answer_schema(answer)}\n"
     lines = [
         start,
         more,
@@ -192,6 +205,13 @@ def tool_grammar(tools: Sequence[ToolSpec], choice: ToolChoice) -> StructuredOut
         schema = json.dumps(_arguments_schema(t), ensure_ascii=False)
         lines.append(f"fn_{i}: {prefix} %json {schema} {_lark_string(_CALL_END)}\n")
     return StructuredOutput("lark", "".join(lines) + _TEXT_RULES)
+
+
+def _answer_schema(answer: StructuredOutput) -> str:
+    schema = json.loads(answer.spec) if answer.kind == "json_schema" else {"type": "object"}
+    if isinstance(schema, dict):
+        schema = {**schema, "x-guidance": {**_JSON_LAYOUT, **schema.get("x-guidance", {})}}
+    return json.dumps(schema, ensure_ascii=False)
 
 
 # --- rendering the prompt ---------------------------------------------------------------
