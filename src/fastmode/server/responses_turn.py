@@ -16,7 +16,6 @@ the next turn chains from.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,12 +23,12 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 
 from fastmode.engine.llm_engine import RequestOutput
-from fastmode.loader.tokenizer import Tokenizer
 from fastmode.sampling_params import StructuredOutput
 from fastmode.server.conversation import Message, Turn, build_prompt
 from fastmode.server.errors import OPENAI, ApiError
 from fastmode.server.generation import (
     Job,
+    check_structured,
     make_params,
     resolve_max_tokens,
     stop_details,
@@ -76,44 +75,13 @@ def _previous(body: ResponseRequest, lookup: Lookup) -> Turn | None:
     return prev
 
 
-async def _check_structured(structured: StructuredOutput, tokenizer: Tokenizer, param: str) -> None:
-    """Compile the grammar now, off the event loop and the engine thread: a bad schema is a 400
-    before anything streams (the compiled grammar is cached for the engine to reuse)."""
-    from fastmode.engine.structured import StructuredOutputError, compile_structured
-
+def _grammar(tools: list[ToolSpec], choice: ToolChoice, answer: StructuredOutput | None) -> StructuredOutput | None:
+    """The turn's grammar: calls as `tool_choice` allows, and a reply without calls under `text.format`."""
     try:
-        await asyncio.to_thread(compile_structured, structured, tokenizer)
-    except StructuredOutputError as e:
-        raise ApiError("invalid_request", f"{param}: {e}", param=param, code="invalid_json_schema") from e
-
-
-def _calls_or_answer(tools: list[ToolSpec], choice: ToolChoice, answer: StructuredOutput) -> StructuredOutput:
-    """tool_choice auto with a `text.format`: the turn is either calls or one answer under the format."""
-    from fastmode.engine.structured import JSON_LAYOUT
-
-    calls = tool_grammar(tools, ToolChoice("required", None, choice.parallel))
-    start, rest = calls.spec.split("\n", 1)
-    if not start.startswith("start: "):  # tool_grammar's first rule is its start rule
-        raise ApiError("invalid_request", "`text.format` together with tools is not supported by this server",
-                       param="text.format", code="unsupported_parameter")
-    schema = json.loads(answer.spec) if answer.kind == "json_schema" else {"type": "object"}
-    if isinstance(schema, dict):
-        schema = {**schema, "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
-    answer_rule = f"answer: %json {json.dumps(schema, ensure_ascii=False)}\n"
-    return StructuredOutput("lark", f"start: answer | {start[len('start: '):]}\n{answer_rule}{rest}")
-
-
-def _grammar(body: ResponseRequest, tools: list[ToolSpec], choice: ToolChoice) -> tuple[StructuredOutput | None, str]:
-    """The turn's grammar and the request field it comes from (for error messages)."""
-    answer = body.structured()
-    try:
-        if answer is None or (tools and choice.mode in ("required", "named")):
-            return tool_grammar(tools, choice), "tools"
-        if tools and choice.mode == "auto":
-            return _calls_or_answer(tools, choice, answer), "text.format"
-        return answer, "text.format"
+        return tool_grammar(tools, choice, answer)
     except ToolError as e:
-        raise ApiError("invalid_request", str(e), param=e.param) from e
+        param = "text.format" if e.param == "response_format" else e.param
+        raise ApiError("invalid_request", str(e).replace("response_format", "text.format"), param=param) from e
 
 
 async def prepare_turn(state: ServerState, body: ResponseRequest, lookup: Lookup, generate: bool = True) -> PreparedTurn:
@@ -126,9 +94,11 @@ async def prepare_turn(state: ServerState, body: ResponseRequest, lookup: Lookup
     prev = _previous(body, lookup)
     history = prev.messages if prev else []
     new = body.new_messages(history)
-    structured, param = _grammar(body, tools, choice)
-    if structured is not None and generate:
-        await _check_structured(structured, tok, param)
+    answer = body.structured()
+    structured = _grammar(tools, choice, answer)
+    if generate:  # the format alone first, so that a bad schema is named as such
+        await check_structured(model, answer, "text.format")
+        await check_structured(model, structured, "text.format" if structured is answer else "tools")
     # Tools are part of the prompt: a turn offering other tools cannot extend the previous one's tokens.
     tools_key = json.dumps([t.as_hf() for t in tools], sort_keys=True) if tools else ""
 
