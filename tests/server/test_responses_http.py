@@ -176,6 +176,20 @@ def test_text_format_json_schema(server, client):
     assert obj.status != "completed" or isinstance(json.loads(obj.output_text), dict)
 
 
+def test_text_format_with_tools_is_an_answer_or_calls(server, client):
+    """tool_choice auto with text.format (as openai-agents sends an output_type): each turn is
+    either calls with valid arguments or one answer under the format, whichever the model starts."""
+    fmt = {"format": {"type": "json_schema", "name": "answer", "schema": ANSWER_SCHEMA, "strict": True}}
+    for seed in range(4):
+        r = client.responses.create(model=server.model, input="Weather in Rome?", tools=[WEATHER], text=fmt,
+                                    max_output_tokens=300, temperature=1.0, extra_body={"seed": seed})
+        assert r.status == "completed"
+        if r.output[0].type == "function_call":
+            assert all(o.type == "function_call" and valid_weather_args(o.arguments) for o in r.output)
+        else:
+            assert [o.type for o in r.output] == ["message"] and set(json.loads(r.output_text)) == {"answer", "sure"}
+
+
 def test_invalid_schema_is_a_400_before_the_stream(server, http):
     body = {"model": server.model, "input": "x", "stream": True,
             "text": {"format": {"type": "json_schema", "name": "bad", "schema": {"type": "object", "properties": 7}}}}
