@@ -213,6 +213,8 @@ def test_invalid_schema_is_a_400_before_the_stream(server, http):
     ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]}, "input[0].call_id"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]}, "input[0].arguments"),
     ({"frequency_penalty": 1}, "frequency_penalty"),
+    ({"input": "word " * 5000}, "input"),
+    ({"speculative": "draft"}, "speculative"),
 ])
 def test_refusals_name_the_parameter(server, http, extra, param):
     r = http.post(server.url + "/v1/responses", json={"model": server.model, "input": "x", **extra})

@@ -110,14 +110,17 @@ async def prepare_turn(state: ServerState, body: ResponseRequest, lookup: Lookup
                                        tools=tools_key, add_generation_prompt=generate)
     except ValueError as e:  # no template, or the template refused the conversation
         raise ApiError("invalid_request", str(e), param="input") from e
-    if generate:
-        max_tokens = resolve_max_tokens(model.engine, len(ids), body.max_output_tokens, "max_output_tokens")
-    else:  # a warm-up prefills the prompt; the one token sampled with it is dropped
-        resolve_max_tokens(model.engine, len(ids), 1, "max_output_tokens")
-        max_tokens, structured = 1, None
+    try:
+        # A warm-up prefills the prompt; the one token sampled with it is dropped.
+        max_tokens = resolve_max_tokens(model.engine, len(ids), body.max_output_tokens if generate else 1,
+                                        "max_output_tokens")
+    except ApiError as e:
+        e.param = "input" if e.param == "messages" else e.param  # the prompt's field in this API
+        raise
     params = make_params(model, temperature=body.temperature, top_p=body.top_p, seed=body.seed, max_tokens=max_tokens,
-                         speculative=body.speculative, structured=structured,
+                         speculative=body.speculative, structured=structured if generate else None,
                          logprobs=body.logprobs if generate else None)
+    model.check_request(ids, params, "input")
     admission = model.admission.admit(tier_choice(body.service_tier), len(ids), max_tokens)
     job = Job(state, model, ids, params, admission)
     calls_possible = bool(tools) and choice.mode != "none"
