@@ -256,27 +256,42 @@ class WeatherTool:
 
     def __call__(self, city: City) -> str:
         self.calls.append(city)
+        return self.result(city)
+
+    def result(self, city: str) -> str:
         return f"{self.token}: 21 C in {city}"
 
 
 # --------------------------------------------------------------------------- openai-agents
 
 
-@pytest.mark.parametrize("api,streamed", [("chat", False), ("chat", True), ("responses", False), ("responses", True)])
+def check_stored_turns(live: RunningServer, response_ids: list[str], result: str, chained: bool) -> None:
+    """Server side, from the response store: the second turn's prompt holds the tool result, both on the fast tier."""
+    first, second = (live.state.responses.get(r) for r in response_ids)
+    assert first is not None and second is not None, response_ids
+    assert result in live.engine.tokenizer.decode(second.prompt_ids)
+    assert result not in live.engine.tokenizer.decode(first.prompt_ids)
+    assert first.response["service_tier"] == second.response["service_tier"] == "priority"
+    assert second.response["previous_response_id"] == (first.response_id if chained else None)
+
+
+@pytest.mark.parametrize("api,streamed", [("chat", False), ("chat", True), ("responses", False), ("responses", True),
+                                          ("responses-websocket", True)])
 def test_openai_agents(live, wire, api, streamed):
-    """openai-agents through OpenAIChatCompletionsModel and the default OpenAIResponsesModel, run and streamed.
+    """openai-agents through OpenAIChatCompletionsModel and its default, the Responses API (over HTTP, and over the
+    WebSocket with `use_responses_websocket`), run and streamed.
 
     The tool is forced by name on the first turn and offered only until it has
     been called, so the second turn must answer with the structured output
     (`output_type` = a json_schema the server enforces). The streamed Responses
-    run chains turns with previous_response_id, so the server's store is used.
+    runs chain turns with previous_response_id, so the server's store is used.
     """
     from agents import (
         Agent,
         ItemHelpers,
         ModelSettings,
         OpenAIChatCompletionsModel,
-        OpenAIResponsesModel,
+        OpenAIProvider,
         RunConfig,
         Runner,
         function_tool,
@@ -294,17 +309,20 @@ def test_openai_agents(live, wire, api, streamed):
     async def run():
         client = AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", http_client=wire.async_client(),
                              max_retries=0)
-        model_cls = OpenAIChatCompletionsModel if api == "chat" else OpenAIResponsesModel
-        agent = Agent(name="weather", instructions="Report the weather in the city the user names.",
-                      model=model_cls(model=live.model, openai_client=client), tools=[get_weather],
-                      output_type=Report,
-                      model_settings=ModelSettings(tool_choice="get_weather", parallel_tool_calls=False, temperature=0,
-                                                   max_tokens=MAX_TOKENS,
-                                                   extra_body={"service_tier": "priority"}))
-        kwargs = {"max_turns": 3, "run_config": RunConfig(tracing_disabled=True)}
+        settings = ModelSettings(tool_choice="get_weather", parallel_tool_calls=False, temperature=0,
+                                 max_tokens=MAX_TOKENS, extra_body={"service_tier": "priority"})
+        if api == "chat":
+            model, config = OpenAIChatCompletionsModel(model=live.model, openai_client=client), RunConfig(
+                tracing_disabled=True)
+        else:  # a model name, resolved by the provider to its default: the Responses API
+            model = live.model
+            config = RunConfig(tracing_disabled=True, model_provider=OpenAIProvider(
+                openai_client=client, use_responses_websocket=api == "responses-websocket"))
+        agent = Agent(name="weather", instructions="Report the weather in the city the user names.", model=model,
+                      tools=[get_weather], output_type=Report, model_settings=settings)
+        kwargs = {"max_turns": 3, "run_config": config}
         if streamed:
-            if api == "responses":
-                kwargs["auto_previous_response_id"] = True
+            kwargs["auto_previous_response_id"] = api != "chat"
             result = Runner.run_streamed(agent, "Weather in Paris?", **kwargs)
             async for _ in result.stream_events():
                 pass
@@ -318,16 +336,19 @@ def test_openai_agents(live, wire, api, streamed):
     outputs = [i for i in result.new_items if isinstance(i, ToolCallOutputItem)]
     assert len(calls) == 1 and len(outputs) == 1 and len(weather.calls) == 1
     raw = calls[0].raw_item
-    call_id = raw.call_id if api == "responses" else raw.call_id or raw.id
-    assert raw.name == "get_weather" and outputs[0].output == weather(weather.calls[0])
+    assert raw.name == "get_weather" and outputs[0].output == weather.result(weather.calls[0])
     assert isinstance(result.final_output, Report)
     assert ItemHelpers.text_message_outputs(result.new_items)  # the final turn's message holds the JSON
-    check_tool_round_trip(wire, "get_weather", call_id, json.loads(raw.arguments), weather.token, "priority")
-    requests = [e.request for e in wire.model_calls()]
-    assert len(requests) == 2
-    if api == "responses" and streamed:
-        first_id = next(p["response"]["id"] for p in wire.model_calls()[0].events if "response" in p)
-        assert requests[1]["previous_response_id"] == first_id
+    assert len(result.raw_responses) == 2
+    if api == "responses-websocket":  # nothing went over HTTP: the tool's schema is checked as the framework has it
+        assert not wire.model_calls()
+        jsonschema.validate(json.loads(raw.arguments), get_weather.params_json_schema)
+    else:
+        paths = {e.path for e in wire.model_calls()}
+        assert paths == {"/v1/chat/completions" if api == "chat" else "/v1/responses"}
+        check_tool_round_trip(wire, "get_weather", raw.call_id, json.loads(raw.arguments), weather.token, "priority")
+    if api != "chat":
+        check_stored_turns(live, [r.response_id for r in result.raw_responses], weather.token, chained=streamed)
 
 
 # --------------------------------------------------------------------------- pydantic-ai
