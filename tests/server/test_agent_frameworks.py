@@ -416,6 +416,7 @@ def test_pydantic_ai_openai(live, wire):
 def test_pydantic_ai_anthropic_streamed(live, wire):
     """pydantic-ai's Anthropic provider, streamed, on `speed: "fast"`; tool inputs enforced by their schemas."""
     from pydantic_ai.models.anthropic import AnthropicModel
+    from pydantic_ai.profiles.anthropic import AnthropicModelProfile
     from pydantic_ai.providers.anthropic import AnthropicProvider
 
     weather = WeatherTool()
@@ -423,9 +424,11 @@ def test_pydantic_ai_anthropic_streamed(live, wire):
 
     async def run():
         http = wire.async_client()
+        # pydantic-ai sends `speed` (and the fast-mode beta header) only to models it knows have fast mode.
         model = AnthropicModel(live.model, provider=AnthropicProvider(base_url=live.url, api_key="unused",
-                                                                      http_client=http))
-        settings = {"extra_body": {"speed": "fast"}, "extra_headers": {"anthropic-beta": "fast-mode-2026-02-01"}}
+                                                                      http_client=http),
+                               profile=AnthropicModelProfile(anthropic_supports_fast_speed=True))
+        settings = {"anthropic_speed": "fast"}
 
         async def on_events(ctx, stream):
             async for e in stream:
@@ -437,7 +440,7 @@ def test_pydantic_ai_anthropic_streamed(live, wire):
         return result
 
     result = asyncio.run(run())
-    assert all(e.request.get("stream") for e in wire.model_calls())
+    assert all(e.request.get("stream") and e.request["speed"] == "fast" for e in wire.model_calls())
     assert any(type(e).__name__ == "FunctionToolCallEvent" for e in events)
     _pydantic_ai_checks(result, wire, weather, "fast")
 
