@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from fastmode.cli import build_parser
 from fastmode.engine.config import EngineConfig
 from fastmode.server.command import _pick
@@ -19,8 +21,42 @@ def test_flags_map_onto_both_configs():
     engine = EngineConfig(**_pick(EngineConfig, args))
     assert (server.port, server.max_waiting_requests, server.api_key) == (9001, 10, "k")
     assert server.fast_requests_per_min == 30.0
-    assert (engine.fast_lane_max_batch, engine.max_num_seqs, engine.kv_cache_gib) == (2, 8, 0.5)
-    assert engine.enable_prefix_caching is False and engine.max_model_len is None and engine.model is None
+    assert (engine.scheduling.fast_lane_max_batch, engine.scheduling.max_num_seqs, engine.cache.kv_cache_gib) == (2, 8, 0.5)
+    assert engine.scheduling.enable_prefix_caching is False and engine.max_model_len is None and engine.load.model is None
+
+
+def test_speculation_flags_keep_their_short_forms():
+    args = build_parser().parse_args([
+        "serve", "--speculative", "draft", "--num-speculative-tokens", "3", "--speculative-tiers", "standard,fast",
+        "--speculative-max-batch", "2", "--speculative-min-gain", "0", "--draft-model", "layers:1",
+    ])
+    spec = EngineConfig(**_pick(EngineConfig, args)).speculation
+    assert (spec.method, spec.max_draft_tokens, spec.tiers, spec.max_batch, spec.min_gain) == (
+        "draft", 3, ("standard", "fast"), 2, 0.0)
+    assert EngineConfig(**_pick(EngineConfig, args)).load.draft_model == "layers:1"
+    long_form = build_parser().parse_args(["serve", "--speculative-method", "off", "--speculative-max-draft-tokens", "2"])
+    spec = EngineConfig(**_pick(EngineConfig, long_form)).speculation
+    assert (spec.method, spec.max_draft_tokens) == ("off", 2)
+
+
+def test_flat_keywords_set_the_parts_and_defaults_live_in_the_parts():
+    from fastmode.engine.config import CacheConfig, LoadConfig
+    from fastmode.engine.scheduler import SchedulerConfig, SchedulerSettings
+    from fastmode.speculative.policy import SpecConfig
+
+    config = EngineConfig(model="m", max_num_seqs=8, kv_cache_gib=0.5, speculative="off", speculative_tiers="standard")
+    assert config.load == LoadConfig(model="m") and config.cache == CacheConfig(kv_cache_gib=0.5)
+    assert config.scheduling == SchedulerSettings(max_num_seqs=8)
+    assert config.speculation == SpecConfig(method="off", tiers=("standard",))
+    assert EngineConfig() == EngineConfig(load=LoadConfig(), scheduling=SchedulerSettings())
+    # The scheduler's settings are declared once: the engine's scheduler gets them as set.
+    sched = config.scheduler_config(kv_bytes_per_token=2**10, model_max_len=2048)
+    assert isinstance(sched, SchedulerConfig) and sched.max_num_seqs == 8 and sched.max_model_len == 2048
+    assert sched.num_blocks == 0.5 * 2**30 // (2**10 * sched.block_size)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_num_seq'"):
+        EngineConfig(max_num_seq=8)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        EngineConfig(dtype="float64")
 
 
 def test_every_config_field_has_a_flag():
@@ -51,7 +87,7 @@ def test_spark_engine_serves_the_default_models_spark_when_present(tiny_llama_di
     monkeypatch.setattr(default_model, "DEFAULT_MODEL_NAME", tiny_loaded.name)
     served = spark_engine(main, config)
     assert served is not None and served.model_name == tiny_loaded.name + "-spark"
-    assert served.config.speculative == "off" and served.drafter is None
+    assert served.config.speculation.method == "off" and served.drafter is None
     assert served.loaded.model.embed_tokens is tiny_loaded.model.embed_tokens  # shared, not copied
     monkeypatch.setattr(spark, "find_spark", lambda name=None: None)
     assert spark_engine(main, config) is None  # no weights: only the main model, no error

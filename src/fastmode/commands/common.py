@@ -6,9 +6,11 @@ import argparse
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
+    from fastmode.engine.config import DTYPES, WEIGHT_FORMATS
+
     p.add_argument("--model", default=None, help="Hugging Face directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"], help="auto: bf16 only where the CPU/GPU computes it natively")
-    p.add_argument("--weights", default="native", choices=["native", "native-int8", "dequantize"],
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bf16 only where the CPU/GPU computes it natively")
+    p.add_argument("--weights", default="native", choices=WEIGHT_FORMATS,
                    help="GGUF weights: native blocks with fp32 activations (default), native with int8 "
                         "activations (llama.cpp's arithmetic), or dequantized to --dtype")
 

@@ -96,10 +96,10 @@ class LLMEngine:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.loaded = loaded or load_model(config.model, config.dtype, weights=config.weights)
+        self.loaded = loaded or load_model(config.load.model, config.load.dtype, weights=config.load.weights)
         self.tokenizer = self.loaded.tokenizer
         mcfg = self.loaded.config
-        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.loaded.dtype)
+        self.kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, self.loaded.dtype)
         dtype_bytes = torch.finfo(self.kv_dtype).bits // 8
         self.scheduler_config = config.scheduler_config(mcfg.kv_bytes_per_token(dtype_bytes), mcfg.max_position_embeddings)
         self.scheduler = Scheduler(self.scheduler_config, self.tokenizer.eos_token_ids)
@@ -108,10 +108,10 @@ class LLMEngine:
             self.scheduler_config.num_blocks,
             self.scheduler_config.block_size,
             self.kv_dtype,
-            pack_weights=config.pack_weights,
+            pack_weights=config.load.pack_weights,
         )
-        self.spec = SpecPolicy(config.spec_config())
-        self.drafter = self._load_drafter(config) if config.draft_model else None
+        self.spec = SpecPolicy(config.speculation)
+        self.drafter = self._load_drafter(config.load.draft_model) if config.load.draft_model else None
         self._tracked: dict[str, _Tracked] = {}
         self._ids = itertools.count()
         self.clock = time.monotonic
@@ -202,11 +202,11 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
 
-    def _load_drafter(self, config: EngineConfig):
+    def _load_drafter(self, draft_model: str):
         from fastmode.speculative.draft_model import DraftModelProposer
         from fastmode.speculative.draft_source import auto_draft, load_draft
 
-        draft = auto_draft(self.loaded) if config.draft_model == "auto" else load_draft(config.draft_model, self.loaded)
+        draft = auto_draft(self.loaded) if draft_model == "auto" else load_draft(draft_model, self.loaded)
         if draft is None:
             return None
         return DraftModelProposer(draft, self.scheduler_config.num_blocks, self.scheduler_config.block_size, self.kv_dtype)

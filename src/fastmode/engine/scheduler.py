@@ -28,23 +28,34 @@ from fastmode.engine.waiting_queue import TieredQueue
 
 
 @dataclass(frozen=True)
-class SchedulerConfig:
-    num_blocks: int = 2048
-    block_size: int = 16
+class SchedulerSettings:
+    """What a user chooses about scheduling (`EngineConfig.scheduling` holds one)."""
+
+    block_size: int = 16  # tokens per KV-cache block
     max_num_seqs: int = 64  # resident sequences (holding KV) at once
     max_num_batched_tokens: int = 512  # per step: bounds prefill chunks, so decodes never stall long
     fast_lane_max_batch: int | None = 4  # sequences per step while fast work exists; None = no lane
     aging_s: float | None = 60.0  # waiting this long promotes a request one tier for admission
-    max_model_len: int = 8192
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = True  # share the KV of common prompt prefixes across requests
 
     def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.fast_lane_max_batch is not None and self.fast_lane_max_batch < 1:
             raise ValueError("fast_lane_max_batch must be >= 1 (or None to disable the lane)")
         if self.aging_s is not None and self.aging_s <= 0:
             raise ValueError("aging_s must be > 0 (or None to disable aging)")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig(SchedulerSettings):
+    """The settings plus what they are applied to, which the engine derives from the model and
+    the KV-cache size (`EngineConfig.scheduler_config`); the simulator sets them directly."""
+
+    num_blocks: int = 2048  # KV-cache blocks
+    max_model_len: int = 8192  # the context limit, in tokens
 
 
 @dataclass(slots=True)  # one per scheduled sequence per step: slots make them cheap to build

@@ -1,9 +1,10 @@
 """`fastmode serve`: the server on the command line.
 
-Every engine flag is generated from an `EngineConfig` field and every server
-flag from a `ServerConfig` field (name -> --kebab-case, type from the
-annotation, help from the field's comment), so a new config field is a new
-flag without touching this file.
+Every engine flag is generated from a field of one of `EngineConfig`'s parts
+(under its flat name, see engine/config.py) and every server flag from a
+`ServerConfig` field (name -> --kebab-case, type from the annotation, help
+from the field's comment), so a new config field is a new flag without
+touching this file.
 
 Serving the default model also serves its Spark student under its own name
 when Spark's weights are present (`--no-serve-spark` turns that off), so
@@ -43,6 +44,13 @@ def _parser_for(tp: Any):
     base = next((a for a in args if a is not type(None)), tp) if args else tp
     if base is bool:
         return None, True
+    if typing.get_origin(base) is tuple:  # tuple[str, ...]: comma-separated on the command line
+
+        def parse(text: str):
+            return tuple(t.strip() for t in text.split(",") if t.strip())
+
+        parse.__name__ = "list"
+        return parse, False
     conv = base if base in (int, float, str) else str
 
     def parse(text: str):
@@ -54,25 +62,36 @@ def _parser_for(tp: Any):
     return parse, False
 
 
+def _settings(cls: type) -> list[tuple[str, tuple[str, ...], type, dataclasses.Field]]:
+    """(flat name, aliases, declaring class, field) for each setting of a config class: its
+    `flat_fields()` for a composed config (EngineConfig), else its own fields."""
+    if hasattr(cls, "flat_fields"):
+        return [(f.name, f.aliases, f.owner, f.field) for f in cls.flat_fields()]
+    return [(f.name, (), cls, f) for f in dataclasses.fields(cls)]
+
+
 def add_dataclass_args(p: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (), title: str | None = None) -> None:
+    """One flag per setting of `cls` (name -> --kebab-case, type from the annotation, help from
+    the field's comment)."""
     group = p.add_argument_group(title or cls.__name__)
-    hints = typing.get_type_hints(cls)
-    notes = _comments(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
+    for name, aliases, owner, f in _settings(cls):
+        if name in skip:
             continue
-        parse, is_bool = _parser_for(hints[f.name])
-        flag = "--" + f.name.replace("_", "-")
-        note = notes.get(f.name, "")
-        help_text = f"{note} (default: {f.default})" if note else f"default: {f.default}"
+        parse, is_bool = _parser_for(typing.get_type_hints(owner)[f.name])
+        flags = ["--" + n.replace("_", "-") for n in (name, *aliases)]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        shown = ",".join(default) if isinstance(default, tuple) else default
+        note = _comments(owner).get(f.name, "")
+        help_text = f"{note} (default: {shown})" if note else f"default: {shown}"
         if is_bool:
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+            group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
-            group.add_argument(flag, dest=f.name, type=parse, default=f.default, help=help_text)
+            group.add_argument(*flags, dest=name, type=parse, default=default, help=help_text)
 
 
 def _pick(cls: type, args: argparse.Namespace) -> dict[str, Any]:
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    """The settings of `cls` from parsed flags, as keywords for `cls(...)`."""
+    return {name: getattr(args, name) for name, *_ in _settings(cls) if hasattr(args, name)}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -114,7 +133,7 @@ def spark_engine(main: LLMEngine, config: EngineConfig) -> LLMEngine | None:
     except ValueError as e:
         print(f"fastmode: not serving Spark: {e}", file=sys.stderr)
         return None
-    return LLMEngine(dataclasses.replace(config, model=str(path), speculative="off", draft_model=None), loaded=loaded)
+    return LLMEngine(dataclasses.replace(config, model=str(path), speculative_method="off", draft_model=None), loaded=loaded)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -40,16 +40,18 @@ from fastmode.speculative.step_curve import StepCurve
 
 @dataclass(frozen=True)
 class SpecConfig:
-    method: str = "ngram"  # default method where speculation is on: "ngram" | "draft" | "off"
-    tiers: tuple[str, ...] = ("fast",)  # tiers with speculation on by default
-    max_draft_tokens: int = 6  # k upper bound
-    max_batch: int = 4  # speculate only while at most this many sequences decode per step
+    method: str = "ngram"  # where speculation is on by default: off | ngram | draft
+    tiers: tuple[str, ...] = ("fast",)  # tiers that speculate unless a request opts out (a string: "standard,fast")
+    max_draft_tokens: int = 6  # upper bound on k; the policy adapts k to measured acceptance
+    max_batch: int = 4  # no speculation when more sequences than this decode together (see fastmode calibrate)
     ema: float = 0.3  # weight of the newest acceptance observation
     verify_cost: float = 0.05  # prior extra verify cost per drafted token, as a fraction of a plain step (until measured)
     min_gain: float = 1.05  # speculate only when the expected speed-up is at least this (0 = always)
     probe_every: int = 16  # a sequence that stopped speculating retries one draft token every N steps
 
     def __post_init__(self) -> None:
+        if isinstance(self.tiers, str):  # "standard,fast", as the command line spells it
+            object.__setattr__(self, "tiers", tuple(t.strip() for t in self.tiers.split(",") if t.strip()))
         if self.method not in ("off", "ngram", "draft"):
             raise ValueError(f"speculative method must be off, ngram or draft; got {self.method!r}")
         if self.max_draft_tokens < 1 or self.max_batch < 1 or self.probe_every < 1:
