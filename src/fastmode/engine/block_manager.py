@@ -16,7 +16,8 @@ from fastmode.engine.sequence import Sequence
 
 
 def _chain_hash(parent: int, tokens: tuple[int, ...]) -> int:
-    return hash((parent, tokens))  # inlined in BlockManager.commit: keep the two the same
+    """The id of a full block: its tokens and the id of the block before it (0 for the first)."""
+    return hash((parent, tokens))
 
 
 def _block_tuples(token_ids: list[int], start: int, stop: int, block_size: int) -> Iterator[tuple[int, ...]]:
@@ -106,15 +107,10 @@ class BlockManager:
         return seq.num_computed_tokens
 
     # -- allocation --------------------------------------------------------
-    def can_allocate(self, num_blocks: int) -> bool:
-        return self.num_free_blocks >= num_blocks
-
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Give `seq` room for `num_new_tokens` more tokens; all or nothing."""
-        # Inlined num_new_blocks: this runs for every scheduled sequence every step,
-        # and most decode tokens still fit in the last block (n <= 0).
-        n = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
-        if n <= 0:
+        n = self.num_new_blocks(seq, num_new_tokens)
+        if n == 0:  # most decode tokens still fit in the last block
             return True
         if n > len(self.free_ids) + len(self.evictable):
             return False
@@ -147,9 +143,9 @@ class BlockManager:
         hash_to_block, block_hash = self.hash_to_block, self.block_hash
         parent = hashes[-1] if hashes else 0
         first = len(hashes)
-        # Every block of every prompt comes through here, so the loop is lean (_chain_hash inlined).
+        # Every block of every prompt comes through here, so the loop is lean (locals, tuples cut in C).
         for b, tokens in zip(seq.block_table[first:num_full], _block_tuples(token_ids, first, num_full, bs)):
-            parent = hash((parent, tokens))
+            parent = _chain_hash(parent, tokens)
             hashes.append(parent)
             if block_hash[b] is None and parent not in hash_to_block:
                 hash_to_block[parent] = b

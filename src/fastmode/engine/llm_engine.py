@@ -216,8 +216,7 @@ class LLMEngine:
         running = self.scheduler.running
         for seq in running:
             seq.draft_token_ids = []
-        cfg = self.scheduler_config
-        cap = cfg.fast_lane_max_batch if self.scheduler.lane_active() else cfg.max_num_seqs
+        cap = self.scheduler.max_batch(self.scheduler.lane_active())
         if not self.spec.enabled_for_step(min(len(running), cap)):
             return
         decoding = [seq for seq in running if not seq.is_prefilling]
@@ -269,11 +268,10 @@ class LLMEngine:
             self.spec.observe_catch_up(*self._catch_up, plain_s)
         if all(s.num_tokens - s.num_draft_tokens == 1 for s in out.scheduled):  # decodes and verifications only
             self.spec.observe_step(sum(s.num_tokens for s in out.scheduled), step_s)
+        touched = self.scheduler.update_from_output(out, sampled, self.clock())
         for s in out.scheduled:
             if s.num_draft_tokens:
-                accepted = len(sampled.get(s.seq.request_id, [])) - 1
-                self.spec.observe(s.seq, s.num_draft_tokens, max(0, accepted))
-        touched = self.scheduler.update_from_output(out, sampled, self.clock())
+                self.spec.observe(s.seq, s.num_draft_tokens, s.num_accepted_drafts)
         return [o for seq in touched if (o := self._output(seq)) is not None]
 
     def _output(self, seq: Sequence) -> RequestOutput | None:

@@ -63,6 +63,7 @@ class ScheduledSeq:
     seq: Sequence
     num_tokens: int  # tokens whose KV this step computes
     num_draft_tokens: int = 0  # of which speculative drafts (appended after the real tokens)
+    num_accepted_drafts: int = 0  # of the drafts, those verification kept (set by update_from_output)
 
     @property
     def samples(self) -> bool:
@@ -181,6 +182,11 @@ class Scheduler:
             self._num_running[Tier.FAST] > 0 or self.waiting.num_waiting(Tier.FAST) > 0
         )
 
+    def max_batch(self, lane_active: bool) -> int:
+        """Sequences a step may hold: the fast lane's cap while the lane is active."""
+        lane = self.config.fast_lane_max_batch
+        return lane if lane_active and lane is not None else self.config.max_num_seqs
+
     # -- scheduling --------------------------------------------------------
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self._stop_running(seq)
@@ -216,7 +222,7 @@ class Scheduler:
         step = self.step_count
         out = SchedulerOutput(step=step, lane_active=self.lane_active())
         scheduled, paused = out.scheduled, out.paused
-        cap = cfg.fast_lane_max_batch if out.lane_active else cfg.max_num_seqs
+        cap = self.max_batch(out.lane_active)
         budget = cfg.max_num_batched_tokens
 
         reserve = 0  # slots the lane keeps for fast requests still waiting for admission
@@ -233,13 +239,10 @@ class Scheduler:
             if len(scheduled) >= (limit_fast if seq.tier is fast else limit_other):
                 paused.append(seq)  # checked first: a lane step skips most residents cheaply
                 continue
-            if len(seq.token_ids) - seq.num_computed_tokens == 1 and not seq.draft_token_ids and budget >= 1:
-                n, drafts = 1, 0  # a plain decode, the usual case: what _tokens_for returns, without the call
-            else:
-                n, drafts = self._tokens_for(seq, budget)
-                if n == 0:
-                    paused.append(seq)
-                    continue
+            n, drafts = self._tokens_for(seq, budget)
+            if n == 0:
+                paused.append(seq)
+                continue
             if not allocate(seq, n) and not self._evict_for(seq, n, out):
                 continue  # `seq` itself had to give up its KV
             scheduled.append(ScheduledSeq(seq, n, drafts))
@@ -319,7 +322,7 @@ class Scheduler:
                 continue  # aborted (finished) or preempted while the step ran
             new = sampled.get(seq.request_id)
             if s.num_draft_tokens:  # only accepted drafts keep their KV
-                accepted = max(0, len(new) - 1) if new else 0
+                s.num_accepted_drafts = accepted = max(0, len(new) - 1) if new else 0
                 seq.num_computed_tokens += s.num_tokens - (s.num_draft_tokens - accepted)
                 self.block_manager.truncate(seq, seq.num_computed_tokens)
             else:
