@@ -13,7 +13,7 @@ from fastmode.engine.scheduler import ScheduledSeq
 from fastmode.engine.sequence import Sequence
 from fastmode.engine.structured import (
     StructuredOutputError,
-    allowed_tokens,
+    apply_mask,
     compile_structured,
     fill_masks,
 )
@@ -137,6 +137,13 @@ def test_compiled_grammars_are_cached_per_spec(llm):
     assert compile_structured(so, llm.tokenizer) is not compile_structured(StructuredOutput("regex", "[ab]*"), llm.tokenizer)
 
 
+def allowed_by(bitmask: torch.Tensor, vocab_size: int, eos_token_id: int | None) -> torch.Tensor:
+    """(rows, vocab_size) bool: the tokens whose logits `apply_mask` leaves finite."""
+    logits = torch.zeros(bitmask.shape[0], vocab_size)
+    apply_mask(logits, bitmask, eos_token_id)
+    return torch.isfinite(logits)
+
+
 def _runner_decode(llm, seq: Sequence, rigged: torch.Tensor, max_steps: int = 40) -> list[int]:
     """Decode through the engine's runner, one token a step, from fixed logits `rigged` (V,)."""
     runner = llm.engine.runner
@@ -169,18 +176,18 @@ def test_grammar_forbids_eos_until_the_json_is_complete(llm):
     # Once the value is complete, EOS is the only token allowed.
     m = seq.grammar.matcher()
     assert m.consume_tokens(tok.encode('{"a": 1}', add_special_tokens=False))
-    allowed = allowed_tokens(fill_masks([(m, 0, [])], 1, seq.grammar.mask_words), vocab, eos)[0]
+    allowed = allowed_by(fill_masks([(m, 0, [])], 1, seq.grammar.mask_words), vocab, eos)[0]
     assert allowed.nonzero().flatten().tolist() == [eos]
     m = seq.grammar.matcher()
     assert m.consume_tokens(tok.encode('{"a": 1', add_special_tokens=False))
-    allowed = allowed_tokens(fill_masks([(m, 0, [])], 1, seq.grammar.mask_words), vocab, eos)[0]
+    allowed = allowed_by(fill_masks([(m, 0, [])], 1, seq.grammar.mask_words), vocab, eos)[0]
     assert not allowed[eos] and allowed.sum() > 1
 
 
 def test_ids_past_the_tokenizer_are_never_allowed(llm):
     g = compile_structured(StructuredOutput("regex", ".*"), llm.tokenizer)
     vocab = llm.tokenizer.vocab_size
-    allowed = allowed_tokens(fill_masks([(g.matcher(), 0, [])], 1, g.mask_words), vocab + 100, g.eos_token_id)[0]
+    allowed = allowed_by(fill_masks([(g.matcher(), 0, [])], 1, g.mask_words), vocab + 100, g.eos_token_id)[0]
     assert allowed.shape == (vocab + 100,)
     assert allowed[:vocab].any() and not allowed[vocab:].any()
 
@@ -207,3 +214,12 @@ def test_a_draft_the_grammar_forbids_is_rejected(llm):
 
     assert verify(None) == [letter, letter]  # unconstrained: the draft is accepted
     assert verify(StructuredOutput("regex", "[0-9]+")) == [digit]  # ... but the grammar forbids it
+
+
+def test_bitmask_layout_and_the_eos_fallback():
+    bitmask = torch.tensor([[0b101, 1 << 3], [0, 0]], dtype=torch.int32)  # row 1: a matcher allowing nothing
+    allowed = allowed_by(bitmask, 70, eos_token_id=33)
+    assert allowed[0].nonzero().flatten().tolist() == [0, 2, 35]  # bit k of word w is token 32w + k
+    assert allowed[1].nonzero().flatten().tolist() == [33]  # nothing allowed: EOS ends the request
+    assert bitmask[1].tolist() == [0, 0]  # the caller's masks are left as they were
+    assert allowed_by(bitmask, 36, None)[0].nonzero().flatten().tolist() == [0, 2, 35]

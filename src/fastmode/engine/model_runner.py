@@ -24,7 +24,7 @@ from fastmode.engine.sampler import (
     token_logprob,
 )
 from fastmode.engine.scheduler import ScheduledSeq, SchedulerOutput
-from fastmode.engine.structured import allowed_tokens, fill_masks
+from fastmode.engine.structured import apply_mask, fill_masks
 from fastmode.models.attention_batch import AttentionBatch, PrefillSpan, decode_mask
 from fastmode.models.cpu_packing import can_pack, pack_linears
 from fastmode.models.llama import LlamaModel
@@ -194,7 +194,7 @@ class ModelRunner:
         (k - 1 drafts + 1). Row i follows drafts[:i]: its penalties count them and its mask is
         the grammar's state after them."""
         constrained = [(s, k) for s, k, _ in shaped if s.seq.grammar is not None]
-        allowed = None
+        bitmask = None
         if constrained:
             entries = []
             num_rows = 0
@@ -202,9 +202,7 @@ class ModelRunner:
                 state = self._grammar_state(s.seq)
                 entries.append((state.matcher, num_rows, s.seq.draft_token_ids[: k - 1]))
                 num_rows += k
-            grammar = constrained[0][0].seq.grammar
-            bitmask = fill_masks(entries, num_rows, grammar.mask_words)
-            allowed = allowed_tokens(bitmask, logits.shape[-1], grammar.eos_token_id)
+            bitmask = fill_masks(entries, num_rows, constrained[0][0].seq.grammar.mask_words)
         mask_row = 0
         for s, k, row in shaped:
             seq, p = s.seq, s.seq.params
@@ -215,7 +213,7 @@ class ModelRunner:
                     apply_penalties(block[i], out + drafts[:i], p)
             apply_bias(block, p)
             if seq.grammar is not None:
-                block.masked_fill_(~allowed[mask_row : mask_row + k], float("-inf"))
+                apply_mask(block, bitmask[mask_row : mask_row + k], seq.grammar.eos_token_id)
                 mask_row += k
 
     def _grammar_state(self, seq) -> _GrammarState:
