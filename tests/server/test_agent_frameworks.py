@@ -392,6 +392,7 @@ def _pydantic_ai_checks(result, wire: Wire, weather: WeatherTool, tier: str) -> 
 
 def test_pydantic_ai_openai(live, wire):
     """pydantic-ai's OpenAI provider (Chat Completions), the structured output as its default output tool."""
+    from pydantic_ai.messages import ModelResponse
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
@@ -407,8 +408,6 @@ def test_pydantic_ai_openai(live, wire):
 
     result = asyncio.run(run())
     _pydantic_ai_checks(result, wire, weather, "priority")
-    from pydantic_ai.messages import ModelResponse
-
     assert {m.provider_details.get("service_tier") for m in result.all_messages()
             if isinstance(m, ModelResponse)} == {"priority"}
 
