@@ -117,6 +117,8 @@ def test_invalid_specs_raise_before_anything_is_queued(llm):
         StructuredOutput("json_schema", '{"type": "objec"}'),
         StructuredOutput("json_schema", '{"type": '),
         StructuredOutput("json_schema", ""),
+        StructuredOutput("json_schema", "true"),
+        StructuredOutput("json_schema", '{"type": "string", "format": "no-such-format"}'),
         StructuredOutput("regex", "a(b"),
         StructuredOutput("lark", "start: foo"),
     ]

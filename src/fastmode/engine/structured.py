@@ -81,9 +81,9 @@ def _grammar_text(structured: StructuredOutput) -> str:
             schema = json.loads(spec)
         except json.JSONDecodeError as e:
             raise StructuredOutputError(f"the JSON schema is not valid JSON: {e}") from None
-        if not isinstance(schema, (dict, bool)):
+        if not isinstance(schema, dict):
             raise StructuredOutputError("the JSON schema must be a JSON object")
-        return llguidance.LLMatcher.grammar_from_json_schema(schema if isinstance(schema, dict) else spec, defaults=JSON_LAYOUT)
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     if kind == "json_object":
         return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_LAYOUT)
     if kind == "regex":
@@ -116,7 +116,12 @@ def compile_structured(structured: StructuredOutput, tokenizer) -> CompiledGramm
         if hit is not None:
             _grammars.move_to_end(key)
             return hit
-    text = _grammar_text(structured)
+    try:
+        text = _grammar_text(structured)
+    except StructuredOutputError:
+        raise
+    except ValueError as e:  # llguidance refusing the schema's shape before compiling it
+        raise StructuredOutputError(f"invalid {_KIND_NAMES[structured.kind]}: {_one_sentence(str(e))}") from None
     # Building the matcher compiles the grammar (llguidance drops the GIL meanwhile) and
     # reports a bad schema, regex or grammar as an error state rather than an exception.
     template = llguidance.LLMatcher(tok, text, log_level=0)
