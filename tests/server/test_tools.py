@@ -95,6 +95,7 @@ def test_required_named_and_single_call(ll_tok):
     assert not accepts(ll_tok, required, "") and not accepts(ll_tok, required, "Sure. " + CALL_N)
     named = grammar([WEATHER, NOOP], ToolChoice("named", "noop"))
     assert accepts(ll_tok, named, CALL_N) and not accepts(ll_tok, named, CALL_W)
+    assert not accepts(ll_tok, named, CALL_N + "\n" + CALL_N)  # a named choice is exactly one call
     single = grammar([WEATHER, NOOP], ToolChoice("required", parallel=False))
     assert accepts(ll_tok, single, CALL_W) and not accepts(ll_tok, single, CALL_W + "\n" + CALL_N)
     none = grammar([WEATHER], ToolChoice("none"))

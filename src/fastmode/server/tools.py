@@ -96,7 +96,7 @@ class ToolChoice:
     """Whether the model must, may or must not call a tool.
 
     none: no calls; auto: text, or text followed by calls; required: calls only;
-    named: calls of `name` only. `parallel`: more than one call per turn.
+    named: exactly one call of `name`. `parallel`: more than one call per turn (auto, required).
     """
 
     mode: Literal["none", "auto", "required", "named"] = "auto"
@@ -187,7 +187,9 @@ def tool_grammar(tools: Sequence[ToolSpec], choice: ToolChoice,
         if not offered:
             names = ", ".join(t.name for t in tools)
             raise ToolError(f"tool_choice names {choice.name!r}, which is not in `tools` ({names})", "tool_choice")
-    more = f'more: ({_lark_string(CALL_SEPARATOR + CALL_OPEN)} call)*\n' if choice.parallel else "more: \n"
+    # A named choice is one call of that tool, as the APIs document it; parallel calls are for auto and required.
+    parallel = choice.parallel and choice.mode != "named"
+    more = f'more: ({_lark_string(CALL_SEPARATOR + CALL_OPEN)} call)*\n' if parallel else "more: \n"
     calls = f"{_lark_string(CALL_OPEN)} call more"
     if choice.mode != "auto":
         start = f"start: {calls}\n"
