@@ -10,7 +10,7 @@ from fastmode.engine.model_runner import ModelRunner
 from fastmode.engine.sequence import Sequence
 from fastmode.engine.tiers import Tier
 from fastmode.speculative.ngram import propose_ngram
-from fastmode.speculative.policy import SpecConfig, SpecPolicy
+from fastmode.speculative.policy import DraftReport, SpecConfig, SpecPolicy
 from fastmode.speculative.step_curve import StepCurve
 
 
@@ -123,6 +123,27 @@ def test_policy_skips_probes_whose_catch_up_no_acceptance_could_repay():
     assert any(pol.num_draft_tokens(seq, "ngram", batch=4) for _ in range(2 * every))
     assert not any(pol.num_draft_tokens(seq, "draft", batch=4, catch_up=40) for _ in range(20 * every))
     assert any(pol.num_draft_tokens(seq, "draft", batch=1, catch_up=40) for _ in range(8 * every))
+
+
+def test_policy_learns_from_a_step_and_its_drafting_report():
+    """update_from_output: the draft model's round against the step, its catch-up against a plain
+    step at the drafting batch, the step curve from decode/verify steps only, acceptance per sequence."""
+    from fastmode.engine.scheduler import ScheduledSeq, SchedulerOutput
+
+    pol = SpecPolicy(SpecConfig(method="draft", tiers=("fast",), ema=1.0))
+    pol.observe_step(2, 0.010)  # a plain step of 2 decodes was measured: catch-ups are priced against it
+    a = Sequence("a", [1, 2, 3], SamplingParams(max_tokens=50), Tier.FAST)
+    b = Sequence("b", [1, 2, 3], SamplingParams(max_tokens=50), Tier.FAST)
+    out = SchedulerOutput(step=1, scheduled=[ScheduledSeq(a, 5, 4, num_accepted_drafts=3), ScheduledSeq(b, 1, 0)])
+    pol.update_from_output(out, 0.020, DraftReport(batch=2, round_s=0.004, catch_up=(0.030, 60)))
+    assert pol.draft_cost == pytest.approx(0.004 / 0.020)
+    assert pol.catch_up_cost == pytest.approx(0.030 / 60 / 0.010)
+    assert pol.steps.seconds(6) == pytest.approx(0.020)  # 5 + 1 rows, no prompt chunk
+    assert pol.states["a"].acceptance == pytest.approx(0.75) and "b" not in pol.states
+    assert pol.stats.accepted_tokens == {"fast": 3}
+    prefill = SchedulerOutput(step=2, scheduled=[ScheduledSeq(b, 30, 0)])
+    pol.update_from_output(prefill, 0.5, DraftReport())  # a prompt chunk: not a point of the curve
+    assert pol.steps.seconds(30) != pytest.approx(0.5) and pol.draft_cost == pytest.approx(0.2)
 
 
 def test_policy_charges_the_draft_models_catch_up():

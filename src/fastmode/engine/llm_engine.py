@@ -20,14 +20,14 @@ from fastmode.engine.errors import RequestError
 from fastmode.engine.metering import RequestMetrics, attribute_step, request_metrics
 from fastmode.engine.model_runner import ModelRunner
 from fastmode.engine.sampler import TokenLogprob
-from fastmode.engine.scheduler import Scheduler
+from fastmode.engine.scheduler import Scheduler, SchedulerOutput
 from fastmode.engine.sequence import FinishReason, Sequence
 from fastmode.engine.structured import compile_structured
 from fastmode.engine.tiers import Tier
 from fastmode.loader import LoadedModel, load_model
 from fastmode.sampling_params import SamplingParams
 from fastmode.speculative.ngram import propose_ngram
-from fastmode.speculative.policy import SpecPolicy
+from fastmode.speculative.policy import DraftReport, SpecPolicy
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,9 @@ _frozen = False
 def _freeze_startup_objects() -> None:
     """Move everything allocated so far (the model, the tokenizer, imported modules) out of the
     garbage collector's generations, once per process: it lives as long as the process, and the
-    collections that per-step allocations trigger then scan only young objects (profiled at ~8%
-    of a batch-1 decode step without this). Later engines in the same process (tests) are not
-    frozen, so they are collected normally."""
+    collections that per-step allocations trigger then scan only young objects, instead of the
+    whole model and tokenizer at every full collection, in the middle of a step. Later engines
+    in the same process (tests) are not frozen, so they are collected normally."""
     global _frozen
     if not _frozen:
         gc.collect()
@@ -117,9 +117,6 @@ class LLMEngine:
         self.clock = time.monotonic
         self.num_steps = 0
         self.busy_s = 0.0  # wall time spent in steps
-        self._draft_round_s: float | None = None  # this step's draft-model time per round
-        self._catch_up: tuple[float, int] | None = None  # this step's draft catch-up (seconds, tokens)
-        self._draft_batch = 1  # sequences decoding together when the drafts were proposed
         self.last_error: Exception | None = None
         _freeze_startup_objects()
 
@@ -211,14 +208,15 @@ class LLMEngine:
             return None
         return DraftModelProposer(draft, self.scheduler_config.num_blocks, self.scheduler_config.block_size, self.kv_dtype)
 
-    def _propose_drafts(self) -> None:
-        """Give decoding sequences draft tokens where the policy says speculation pays."""
+    def _propose_drafts(self) -> DraftReport:
+        """Give decoding sequences draft tokens where the policy says speculation pays; report
+        what a draft-model run cost, for the policy to weigh against the step."""
         running = self.scheduler.running
         for seq in running:
             seq.draft_token_ids = []
         cap = self.scheduler.max_batch(self.scheduler.lane_active())
         if not self.spec.enabled_for_step(min(len(running), cap)):
-            return
+            return DraftReport()
         decoding = [seq for seq in running if not seq.is_prefilling]
         batch = min(len(decoding), cap)
         by_model: list[tuple[Sequence, int]] = []
@@ -232,18 +230,17 @@ class LLMEngine:
                 seq.draft_token_ids = propose_ngram(seq.token_ids, k)
             elif k and method == "draft" and self.drafter is not None:
                 by_model.append((seq, k))
-        if by_model:  # one batched draft run for every sequence that uses the draft model
-            drafts = self.drafter.propose([s for s, _ in by_model], [k for _, k in by_model])
-            self._draft_round_s = self.drafter.last_round_s  # None after a prompt catch-up: not a round's cost
-            self._catch_up = self.drafter.last_catch_up
-            self._draft_batch = batch
-            for (seq, _), d in zip(by_model, drafts):
-                seq.draft_token_ids = d
+        if not by_model:
+            return DraftReport(batch)
+        # One batched draft run for every sequence that uses the draft model.
+        run = self.drafter.propose([s for s, _ in by_model], [k for _, k in by_model])
+        for (seq, _), d in zip(by_model, run.drafts):
+            seq.draft_token_ids = d
+        return DraftReport(batch, run.round_s, run.catch_up)
 
     def step(self) -> list[RequestOutput]:
-        self._draft_round_s = None
-        self._catch_up = None
-        self._propose_drafts()
+        """Draft, schedule, execute, update: one step of every scheduled sequence."""
+        drafting = self._propose_drafts()
         out = self.scheduler.schedule(self.clock())
         if out.is_empty:
             return []
@@ -251,28 +248,23 @@ class LLMEngine:
         try:
             sampled = self.runner.execute(out)
         except Exception as e:  # a failed step must not strand requests: fail them, free their KV
-            log.exception("step %d failed; failing its %d requests", out.step, len(out.scheduled))
-            self.last_error = e
-            now = self.clock()
-            for s in out.scheduled:
-                self.scheduler.finish(s.seq, FinishReason.ERROR, now)
-            return [o for s in out.scheduled if (o := self._output(s.seq)) is not None]
+            return self._fail_step(out, e)
         step_s = time.perf_counter() - t0
         self.num_steps += 1
         self.busy_s += step_s
         attribute_step(out, step_s)
-        if self._draft_round_s is not None:  # the policy weighs draft-model cost against this step's
-            self.spec.observe_draft_cost(self._draft_round_s, step_s)
-        if self._catch_up is not None:  # priced against a plain step at this batch where one was measured
-            plain_s = self.spec.steps.seconds(self._draft_batch) or step_s
-            self.spec.observe_catch_up(*self._catch_up, plain_s)
-        if all(s.num_tokens - s.num_draft_tokens == 1 for s in out.scheduled):  # decodes and verifications only
-            self.spec.observe_step(sum(s.num_tokens for s in out.scheduled), step_s)
         touched = self.scheduler.update_from_output(out, sampled, self.clock())
-        for s in out.scheduled:
-            if s.num_draft_tokens:
-                self.spec.observe(s.seq, s.num_draft_tokens, s.num_accepted_drafts)
+        self.spec.update_from_output(out, step_s, drafting)
         return [o for seq in touched if (o := self._output(seq)) is not None]
+
+    def _fail_step(self, out: SchedulerOutput, e: Exception) -> list[RequestOutput]:
+        """Finish every request of a step that raised with an error (their KV is freed)."""
+        log.exception("step %d failed; failing its %d requests", out.step, len(out.scheduled))
+        self.last_error = e
+        now = self.clock()
+        for s in out.scheduled:
+            self.scheduler.finish(s.seq, FinishReason.ERROR, now)
+        return [o for s in out.scheduled if (o := self._output(s.seq)) is not None]
 
     def _output(self, seq: Sequence) -> RequestOutput | None:
         tr = self._tracked.get(seq.request_id)

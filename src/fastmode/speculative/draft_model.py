@@ -22,6 +22,20 @@ from fastmode.models.llama import LlamaModel
 
 
 @dataclass
+class DraftRun:
+    """The drafts of one `propose()` and what they cost, for the policy's cost estimates."""
+
+    drafts: list[list[int]]  # per sequence, in the order given
+    # Seconds per drafting round: the single-token rounds, or round 0 when no sequence had more than
+    # a couple of tokens to catch up on; None when only a long catch-up (a prompt) ran, which is
+    # not a round's cost.
+    round_s: float | None = None
+    # (seconds, tokens) of the catch-up when it ran more than a couple of tokens per sequence (a
+    # prompt, or text generated while the sequence did not draft).
+    catch_up: tuple[float, int] | None = None
+
+
+@dataclass
 class _Shadow:
     """The draft's view of one sequence (duck-types what BlockManager needs)."""
 
@@ -41,13 +55,6 @@ class DraftModelProposer:
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype)) for _ in range(cfg.num_layers)]
         self.shadows: dict[str, _Shadow] = {}
-        # Seconds per drafting round in the last propose(), for the policy's cost estimate: the
-        # single-token rounds, or round 0 when no sequence had more than a couple of tokens to
-        # catch up on; None when only a long catch-up (a prompt) ran, which is not a round's cost.
-        self.last_round_s: float | None = None
-        # (seconds, tokens) of the last propose()'s catch-up when it ran more than a couple of
-        # tokens per sequence (a prompt, or text generated while the sequence did not draft).
-        self.last_catch_up: tuple[float, int] | None = None
 
     def catch_up_tokens(self, seq: Sequence) -> int:
         """Tokens of `seq` the draft has not run yet: what drafting for it next would first cost."""
@@ -71,7 +78,7 @@ class DraftModelProposer:
         sh.num_computed_tokens = min(sh.num_computed_tokens, len(seq) - 1)
 
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> DraftRun:
         """Greedy drafts of length ks[i] for each sequence (shorter if the pool is full)."""
         live: list[tuple[int, Sequence, _Shadow]] = []
         for i, (seq, k) in enumerate(zip(seqs, ks)):
@@ -82,11 +89,10 @@ class DraftModelProposer:
             # Room for the catch-up tokens plus k-1 drafted tokens' KV.
             if self.blocks.allocate(sh, len(seq) - sh.num_computed_tokens + k - 1):  # type: ignore[arg-type]
                 live.append((i, seq, sh))
-        drafts: list[list[int]] = [[] for _ in seqs]
-        self.last_round_s = None
-        self.last_catch_up = None
+        run = DraftRun([[] for _ in seqs])
         if not live:
-            return drafts
+            return run
+        drafts = run.drafts
         # Round 0: catch up on real tokens (a span per sequence), take the next token.
         t0 = time.perf_counter()
         behind = [len(seq) - sh.num_computed_tokens for _, seq, sh in live]
@@ -94,7 +100,7 @@ class DraftModelProposer:
         round0_s = time.perf_counter() - t0
         catch_up = max(behind)
         if catch_up > 2:
-            self.last_catch_up = (round0_s, sum(behind))
+            run.catch_up = (round0_s, sum(behind))
         for (i, seq, sh), t in zip(live, tokens):
             sh.pending_start = len(seq)
             sh.num_computed_tokens = len(seq)
@@ -111,12 +117,12 @@ class DraftModelProposer:
                 drafts[i].append(t)
             rounds += 1
         if rounds:
-            self.last_round_s = (time.perf_counter() - t1) / rounds
+            run.round_s = (time.perf_counter() - t1) / rounds
         elif catch_up <= 2:
-            self.last_round_s = round0_s
+            run.round_s = round0_s
         for i, _, sh in live:
             sh.pending = list(drafts[i])
-        return drafts
+        return run
 
     def _forward(self, items: list[tuple[list[int], _Shadow]]) -> list[int]:
         """Run token chunks (each at its shadow's frontier) as one batch; argmax per item.

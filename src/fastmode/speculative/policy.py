@@ -33,9 +33,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastmode.engine.sequence import Sequence
 from fastmode.speculative.step_curve import StepCurve
+
+if TYPE_CHECKING:
+    from fastmode.engine.scheduler import SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,16 @@ class SpecConfig:
             raise ValueError("max_draft_tokens, max_batch and probe_every must be >= 1")
         if self.min_gain < 0 or self.verify_cost < 0:
             raise ValueError("min_gain and verify_cost must be >= 0")
+
+
+@dataclass(frozen=True)
+class DraftReport:
+    """What proposing one step's drafts measured, for the policy to weigh against the step they fed
+    (`SpecPolicy.update_from_output`). The default: nothing measured (no draft-model run)."""
+
+    batch: int = 1  # sequences decoding together when the drafts were proposed
+    round_s: float | None = None  # the draft model's seconds per drafting round; None: no round's cost measured
+    catch_up: tuple[float, int] | None = None  # (seconds, tokens) of the draft model's catch-up, when it was long
 
 
 @dataclass
@@ -186,6 +200,21 @@ class SpecPolicy:
         """One draft-model round took `draft_round_s`; the target step it fed took `step_s`."""
         if step_s > 0 and draft_round_s >= 0:
             self.draft_cost = (1 - self.config.ema) * self.draft_cost + self.config.ema * (draft_round_s / step_s)
+
+    def update_from_output(self, out: SchedulerOutput, step_s: float, drafting: DraftReport) -> None:
+        """Learn from a step that ran in `step_s` seconds: the draft model's cost against it, the
+        step curve (from steps of decodes and verifications only), and each sequence's acceptance
+        (after `Scheduler.update_from_output` recorded it)."""
+        if drafting.round_s is not None:
+            self.observe_draft_cost(drafting.round_s, step_s)
+        if drafting.catch_up is not None:  # priced against a plain step at this batch where one was measured
+            plain_s = self.steps.seconds(drafting.batch) or step_s
+            self.observe_catch_up(*drafting.catch_up, plain_s)
+        if all(s.num_tokens - s.num_draft_tokens == 1 for s in out.scheduled):
+            self.observe_step(sum(s.num_tokens for s in out.scheduled), step_s)
+        for s in out.scheduled:
+            if s.num_draft_tokens:
+                self.observe(s.seq, s.num_draft_tokens, s.num_accepted_drafts)
 
     def observe(self, seq: Sequence, proposed: int, accepted: int) -> None:
         if proposed == 0:
