@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import anthropic
+import httpx
 import openai
 import pytest
 from websockets.sync.client import connect
 
+from fastmode.engine.tiers import Tier
+from fastmode.server.admission import TierChoice
 from fastmode.server.config import ServerConfig
+from fastmode.server.errors import ApiError
 from tests.server.conftest import chat_body, serve
 
 
@@ -127,3 +132,60 @@ def test_api_keys_in_each_dialect(tiny_loaded, http):
             while not types or types[-1] not in ("response.completed", "response.incomplete", "error"):
                 types.append(__import__("json").loads(ws.recv(timeout=10))["type"])
             assert types[-1] == "response.incomplete"
+
+
+def test_the_bound_counts_every_admitted_request_and_fast_keeps_its_room(tiny_loaded):
+    """Admissions the engine does not hold yet count: 64 at once against 8 running + 16 waiting."""
+    cfg = ServerConfig(max_waiting_requests=16, fast_reserved_fraction=0.25, fast_lane_full_factor=100)
+    with serve(tiny_loaded, cfg, max_num_seqs=8) as s:
+        ctl = s.state.main.admission
+        admitted, refused = [], []
+        for _ in range(64):
+            try:
+                admitted.append(ctl.admit(TierChoice(Tier.STANDARD, None), 10, 10))
+            except ApiError as e:
+                refused.append(e)
+        assert len(admitted) == 8 + 16 - 4  # the last 4 waiting places are fast's
+        assert all(e.kind == "overloaded" and e.retry_after_s for e in refused)
+        with pytest.raises(ApiError) as e:
+            ctl.admit(TierChoice(Tier.FLEX, "flex"), 10, 10)
+        assert e.value.code == "resource_unavailable"
+        fast = [ctl.admit(TierChoice(Tier.FAST, "priority"), 10, 10) for _ in range(4)]
+        with pytest.raises(ApiError) as e:  # now the whole bound is taken
+            ctl.admit(TierChoice(Tier.FAST, "priority"), 10, 10)
+        assert e.value.kind == "overloaded"
+        for a in admitted + fast:
+            a.settle(0)
+        assert ctl.num_in_flight == 0
+        ctl.admit(TierChoice(Tier.STANDARD, None), 10, 10).settle(0)
+
+
+def test_a_burst_over_http_holds_the_bound_and_fast_still_gets_in(tiny_loaded, http):
+    cfg = ServerConfig(max_waiting_requests=4, fast_reserved_fraction=0.5)
+    with serve(tiny_loaded, cfg, max_num_seqs=2) as s:
+        release = threading.Event()
+        statuses: list[int] = []
+        lock = threading.Lock()
+
+        def client():
+            body = {**chat_body(s.model), "stream": True}
+            with httpx.Client(timeout=30) as c, c.stream("POST", s.url + "/v1/chat/completions", json=body) as r:
+                with lock:
+                    statuses.append(r.status_code)
+                if r.status_code == 200:
+                    release.wait(30)
+
+        threads = [threading.Thread(target=client) for _ in range(10)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(statuses) == 10, 30)
+        assert 1 <= statuses.count(200) <= 4 and statuses.count(503) == 10 - statuses.count(200)
+        if statuses.count(200) == 4:  # standard's share is full: fast still has its own room
+            r = http.post(s.url + "/v1/chat/completions", json=chat_body(s.model, max_tokens=3))
+            assert r.status_code == 503
+            with open_stream(http, s, body={**chat_body(s.model), "stream": True, "service_tier": "priority"}):
+                pass
+        release.set()
+        for t in threads:
+            t.join(30)
+        assert s.wait_idle(10)

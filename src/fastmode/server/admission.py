@@ -1,16 +1,22 @@
 """Admission: which tier serves a request, or why it is refused, before it reaches the engine.
 
 Order of checks (each refusal is a clear error instead of unbounded latency):
-1. the engine queue is full -> overloaded (503 OpenAI, 529 Anthropic);
-   flex is refused earlier, at `flex_queue_fraction` of the bound (429);
-2. fast wanted and the fast lane is full (fast requests in flight >=
+1. fast wanted and the fast lane is full (fast requests in flight >=
    fast_lane_max_batch * fast_lane_full_factor) -> explicit fast: 429;
    `service_tier=auto`: served as standard, and the response says why;
+2. the queue is full -> overloaded (503 OpenAI, 529 Anthropic). The bound is
+   on every admitted request, running or waiting: max_num_seqs running plus
+   max_waiting_requests waiting. The last `fast_reserved_fraction` of the
+   waiting room is the fast tier's own: standard and flex are refused before
+   it, so a queue full of standard traffic still admits fast requests (up to
+   the fast lane's own limit). Flex is refused earlier still, once
+   `flex_queue_fraction` of the waiting room is taken (429);
 3. the tier's rate limits -> 429 with retry-after (auto falls back again).
 
-Requests in flight are counted here, from admission to `settle()`, so two
-requests admitted in the same event-loop turn see each other even before the
-engine thread has queued them. Each served model has its own controller (its
+Requests in flight are counted here, from admission to `settle()`, whether or
+not the engine holds them yet: two requests admitted in the same event-loop
+turn, or one still tokenizing or waiting in the engine thread's inbox, count
+against the bound. Each served model has its own controller (its
 own engine queue and fast lane); the rate limiter is shared, as a key's
 per-tier budget does not grow with the number of models.
 """
@@ -47,7 +53,7 @@ class Admission:
     fallback_reason: str | None
     max_output_tokens: int
     rate_limits: list[LimitState]
-    _controller: "AdmissionController | None" = field(default=None, repr=False)
+    _controller: AdmissionController | None = field(default=None, repr=False)
     _settled: bool = False
 
     def settle(self, num_output_tokens: int) -> None:
@@ -70,29 +76,35 @@ class AdmissionController:
         sc = engine.scheduler_config
         lane = sc.fast_lane_max_batch or sc.max_num_seqs
         self.fast_capacity = max(1, int(lane * config.fast_lane_full_factor))
+        self.max_running = sc.max_num_seqs
+        waiting = config.max_waiting_requests
+        self.capacity = self.max_running + waiting  # every admitted request, running or waiting
+        self.shared_capacity = self.capacity - int(waiting * config.fast_reserved_fraction)  # standard and flex
+        self.flex_capacity = min(self.shared_capacity, self.max_running + waiting * config.flex_queue_fraction)
 
-    def _num_waiting(self) -> int:
-        # Read from the event loop while the engine thread steps: a length read is
-        # safe, and at worst one step stale (requests still in AsyncEngine's inbox
-        # join the queue at the next step boundary), which is fine for a queue bound.
-        return len(self.engine.scheduler.waiting)
+    @property
+    def num_in_flight(self) -> int:
+        return sum(self.in_flight.values())
 
-    def admit(self, choice: TierChoice, input_tokens: int, max_output_tokens: int) -> Admission:
-        tier, reason = choice.tier, None
-        waiting = self._num_waiting()
-        if waiting >= self.config.max_waiting_requests:
-            self._reject(tier, "queue_full")
-            raise ApiError(
-                "overloaded",
-                f"the server is overloaded: {waiting} requests are already waiting; retry later",
-                code="server_overloaded", retry_after_s=_LANE_RETRY_S,
-            )
-        if tier is Tier.FLEX and waiting >= self.config.max_waiting_requests * self.config.flex_queue_fraction:
+    def _check_queue(self, tier: Tier) -> None:
+        total = self.num_in_flight
+        if tier is Tier.FLEX and total >= self.flex_capacity:
             self._reject(tier, "flex_unavailable")
             raise ApiError(
                 "rate_limit", "Resource Unavailable: flex capacity is exhausted right now; retry later or use default",
                 code="resource_unavailable", retry_after_s=_LANE_RETRY_S,
             )
+        if total >= (self.capacity if tier is Tier.FAST else self.shared_capacity):
+            self._reject(tier, "queue_full")
+            waiting = max(0, total - self.max_running)
+            raise ApiError(
+                "overloaded",
+                f"the server is overloaded: {total} requests are in flight ({waiting} waiting); retry later",
+                code="server_overloaded", retry_after_s=_LANE_RETRY_S,
+            )
+
+    def admit(self, choice: TierChoice, input_tokens: int, max_output_tokens: int) -> Admission:
+        tier, reason = choice.tier, None
         if tier is Tier.FAST:
             full = self.in_flight[Tier.FAST] >= self.fast_capacity
             if full and not choice.auto:
@@ -105,11 +117,13 @@ class AdmissionController:
                 )
             if full:
                 tier, reason = Tier.STANDARD, "fast lane full"
-            elif choice.auto:
-                # auto tries fast's limits first and, refused, is served (and billed) as standard.
-                if self.limiter.try_acquire(Tier.FAST, input_tokens, max_output_tokens) is None:
-                    return self._admitted(Tier.FAST, choice, None, max_output_tokens)
-                tier, reason = Tier.STANDARD, "fast rate limit reached"
+        self._check_queue(tier)
+        if tier is Tier.FAST and choice.auto:
+            # auto tries fast's limits first and, refused, is served (and billed) as standard.
+            if self.limiter.try_acquire(Tier.FAST, input_tokens, max_output_tokens) is None:
+                return self._admitted(Tier.FAST, choice, None, max_output_tokens)
+            tier, reason = Tier.STANDARD, "fast rate limit reached"
+            self._check_queue(tier)  # standard's share of the queue, not fast's
         if reason is not None:
             self.metrics.fallbacks.labels(self.model, reason).inc()
         refusal = self.limiter.try_acquire(tier, input_tokens, max_output_tokens)
