@@ -80,7 +80,9 @@ class Tokenizer:
         return self.backend.id_to_token(token_id)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch, unlike encode, releases the GIL while it runs: a long prompt tokenized on
+        # a worker thread (as the server does) then leaves the event loop free.
+        ids = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         if add_special_tokens and self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
             ids = [self.bos_token_id] + ids
         return ids

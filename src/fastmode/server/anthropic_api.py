@@ -123,13 +123,17 @@ async def count_tokens(request: Request) -> dict:
         body = MessagesRequest.model_validate({"max_tokens": 1, **data})
     except ValidationError as e:
         raise ApiError("invalid_request", validation_message(list(e.errors()))[0]) from None
+    state = get_state(request)
+    state.check_input(body)
+    model = state.select(body.model)
     tools, _ = _tools(body)
-    return {"input_tokens": len(_prompt_ids(get_state(request).select(body.model), body, tools))}
+    return {"input_tokens": len(await state.tokenizers.run(_prompt_ids, model, body, tools))}
 
 
 @router.post("/v1/messages")
 async def create_message(body: MessagesRequest, request: Request):
     state = get_state(request)
+    state.check_input(body)
     model = state.select(body.model)
     body.unsupported()
     tools, choice = _tools(body)
@@ -137,7 +141,7 @@ async def create_message(body: MessagesRequest, request: Request):
         grammar = tool_grammar(tools, choice)  # choice none: tools described, no calls
     except ToolError as e:
         raise ApiError("invalid_request", str(e), param=e.param) from None
-    ids = _prompt_ids(model, body, tools)
+    ids = await state.tokenizers.run(_prompt_ids, model, body, tools)
     max_tokens = resolve_max_tokens(model.engine, len(ids), body.max_tokens)
     params = make_params(
         model, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, max_tokens=max_tokens,

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fastmode.server.errors import ApiError, validation_message
 from fastmode.server.openai_models import Speculative  # the same extension everywhere
+from fastmode.server.params import Temperature1, TopK, TopP
 from fastmode.server.tools import ToolChoice, ToolSpec
 
 
@@ -110,9 +111,9 @@ class MessagesRequest(_Strict):
     messages: list[InputMessage] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
     # Sampling knobs: newer SDKs no longer list them, but the API accepts them (send via extra_body).
-    temperature: float | None = Field(None, ge=0, le=1)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
+    temperature: Temperature1 | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
     stop_sequences: list[str] | None = None
     stream: bool = False
     speed: Literal["standard", "fast"] | None = None

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.middleware.cors import CORSMiddleware
 
 from fastmode.engine.llm_engine import LLMEngine
 from fastmode.engine.tiers import Tier
@@ -25,7 +26,9 @@ from fastmode.server.admission import AdmissionController
 from fastmode.server.config import ServerConfig
 from fastmode.server.conversation import ResponseStore
 from fastmode.server.errors import install_error_handlers
+from fastmode.server.limits import BodyLimit
 from fastmode.server.metrics import CONTENT_TYPE, ServerMetrics
+from fastmode.server.origin import OriginGuard
 from fastmode.server.ratelimit import RateLimiter
 from fastmode.server.served_model import ServedModel
 from fastmode.server.state import ServerState, get_state
@@ -58,7 +61,7 @@ def create_app(
     for name, e in _named_engines(engine, config, extra_engines).items():
         models[name] = ServedModel(name, e, AdmissionController(config, e, limiter, metrics, name))
     state = ServerState(config=config, models=models, metrics=metrics, limiter=limiter,
-                        responses=ResponseStore(config.response_store_size))
+                        responses=ResponseStore(config.response_store_size, int(config.response_store_mib * 2**20)))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -74,6 +77,12 @@ def create_app(
     app = FastAPI(title="fastmode", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.fastmode = state
     install_error_handlers(app)
+    # Outermost last: the Host/Origin guard sees a request first, then CORS, then the body limit.
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    if config.allowed_origins:  # CORS is off unless origins are configured
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["*"])
+    app.add_middleware(OriginGuard, config=config)
     app.include_router(openai_api.router)
     app.include_router(anthropic_api.router)
     app.include_router(responses_ws.router)

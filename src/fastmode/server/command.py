@@ -147,7 +147,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         server_kwargs = _pick(ServerConfig, args)
-        server_kwargs["api_key"] = api_key_from_env(server_kwargs.get("api_key"))
+        if server_kwargs.get("api_key"):
+            print("fastmode: --api-key is visible to every user of this machine (ps); prefer FASTMODE_API_KEY "
+                  "or --api-key-file", file=sys.stderr)
+        server_kwargs["api_key"] = api_key_from_env(server_kwargs.get("api_key"), server_kwargs.get("api_key_file"))
         server_config = ServerConfig(**server_kwargs)
         engine_config = EngineConfig(**_pick(EngineConfig, args))
         engine = LLMEngine(engine_config)
@@ -164,5 +167,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"fastmode: {spark.model_name} (the Spark student) is served as its own model; "
               "--no-serve-spark turns it off", file=sys.stderr)
     uvicorn.run(app, host=server_config.host, port=server_config.port, log_level=args.log_level,
-                timeout_graceful_shutdown=int(server_config.drain_timeout_s))
+                timeout_graceful_shutdown=int(server_config.drain_timeout_s),
+                ws_max_size=server_config.max_body_bytes, ws_ping_interval=20.0, ws_ping_timeout=20.0)
     return 0

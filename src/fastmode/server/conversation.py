@@ -55,31 +55,58 @@ class Turn:
     response: dict | None = None  # the response object, as GET /v1/responses/{id} returns it
 
 
-class ResponseStore:
-    """The last `capacity` turns by response id (LRU). Bounded so a long-lived
-    server does not keep every conversation it ever served."""
+# What a kept turn costs in memory, roughly: a token id in a Python list (pointer and int
+# object), and per character of text (kept in the messages and again in the response).
+_BYTES_PER_TOKEN = 36
+_BYTES_PER_CHAR = 2
+_BYTES_PER_TURN = 2048
 
-    def __init__(self, capacity: int):
+
+def turn_bytes(turn: Turn) -> int:
+    """An estimate of the memory a kept turn holds."""
+    chars = sum(len(m.get("content") or "") for m in turn.messages if isinstance(m.get("content"), str))
+    return (_BYTES_PER_TURN + _BYTES_PER_TOKEN * (len(turn.prompt_ids) + len(turn.output_ids))
+            + _BYTES_PER_CHAR * chars)
+
+
+class ResponseStore:
+    """The last turns by response id (LRU), at most `capacity` of them and `max_bytes` of
+    their estimated memory (`turn_bytes`). Bounded so a long-lived server does not keep
+    every conversation it ever served; a turn larger than the whole budget is not kept."""
+
+    def __init__(self, capacity: int, max_bytes: int | None = None):
         self.capacity = capacity
-        self._turns: OrderedDict[str, Turn] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.num_bytes = 0
+        self._turns: OrderedDict[str, tuple[Turn, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._turns)
 
     def get(self, response_id: str) -> Turn | None:
-        turn = self._turns.get(response_id)
-        if turn is not None:
-            self._turns.move_to_end(response_id)
-        return turn
+        entry = self._turns.get(response_id)
+        if entry is None:
+            return None
+        self._turns.move_to_end(response_id)
+        return entry[0]
 
     def pop(self, response_id: str) -> Turn | None:
-        return self._turns.pop(response_id, None)
+        entry = self._turns.pop(response_id, None)
+        if entry is None:
+            return None
+        self.num_bytes -= entry[1]
+        return entry[0]
 
     def put(self, turn: Turn) -> None:
-        self._turns[turn.response_id] = turn
-        self._turns.move_to_end(turn.response_id)
-        while len(self._turns) > self.capacity:
-            self._turns.popitem(last=False)
+        self.pop(turn.response_id)
+        size = turn_bytes(turn)
+        if self.max_bytes is not None and size > self.max_bytes:
+            return
+        self._turns[turn.response_id] = (turn, size)
+        self.num_bytes += size
+        while len(self._turns) > self.capacity or (self.max_bytes is not None and self.num_bytes > self.max_bytes):
+            _, (_, old) = self._turns.popitem(last=False)
+            self.num_bytes -= old
 
 
 def with_system(instructions: str | None, messages: list[Message]) -> list[Message]:

@@ -11,6 +11,7 @@ framework-shaped error.
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
@@ -19,7 +20,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fastmode.engine.tiers import Tier
-from fastmode.server.ratelimit import LimitState, anthropic_headers, openai_headers, retry_after_header
+from fastmode.server.ratelimit import (
+    LimitState,
+    anthropic_headers,
+    openai_headers,
+    retry_after_header,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +45,8 @@ KINDS = {
     "authentication": _Kind(401, "invalid_request_error", "authentication_error"),
     "not_found": _Kind(404, "invalid_request_error", "not_found_error"),
     "method_not_allowed": _Kind(405, "invalid_request_error", "invalid_request_error"),
+    "forbidden": _Kind(403, "invalid_request_error", "permission_error"),
+    "too_large": _Kind(413, "invalid_request_error", "request_too_large"),
     "rate_limit": _Kind(429, "rate_limit_error", "rate_limit_error"),
     "overloaded": _Kind(503, "server_error", "overloaded_error", anthropic_status=529),
     "server_error": _Kind(500, "server_error", "api_error"),
@@ -89,6 +97,18 @@ class ApiError(Exception):
         return JSONResponse(self.body(dialect), status_code=self.status(dialect), headers=self.headers(dialect))
 
 
+CLIP_CHARS = 64  # how much of a client's value an error quotes
+
+
+def clip(value: object, limit: int = CLIP_CHARS) -> str:
+    """A client's value as an error quotes it: whole when short, else its start and its length,
+    so a megabyte-long name is not sent back."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
 def dialect_of(path: str) -> str:
     return ANTHROPIC if path.startswith("/v1/messages") else OPENAI
 
@@ -113,7 +133,7 @@ def _field_path(loc: tuple) -> str:
             tagged = False
             continue
         path += f".{step}" if path else step
-    return path
+    return clip(path)
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:
@@ -140,7 +160,7 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     if kind == "missing":
         return f"{param} is required", param
     if kind == "union_tag_invalid":
-        return f"{param}: the type {ctx.get('tag')!r} is not accepted here (use one of {ctx.get('expected_tags')})", param
+        return f"{param}: the type {clip(repr(ctx.get('tag')))} is not accepted here (use one of {ctx.get('expected_tags')})", param
     if kind == "union_tag_not_found":
         return f"{param}: the `type` field is missing", param
     msg = str(e.get("msg", "invalid value"))
@@ -182,13 +202,15 @@ def install_error_handlers(app: FastAPI) -> None:
         kind = {401: "authentication", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         if kind is None:
             kind = "server_error" if exc.status_code >= 500 else "invalid_request"
-        message = f"{request.method} {request.url.path}: {exc.detail}"
+        message = f"{request.method} {clip(request.url.path)}: {exc.detail}"
         if exc.status_code == 404:  # an unknown route: say which exist, so a wrong base URL is plain to see
             message += f"; this server has {routes_text(request.app)}"
         return ApiError(kind, message).response(dialect_of(request.url.path))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s", request.url.path)
-        err = ApiError("server_error", f"internal error: {type(exc).__name__}: {exc}")
+        # The details (and the traceback) go to the log, under an id the client is given.
+        error_id = f"err_{uuid.uuid4().hex[:16]}"
+        log.exception("unhandled error %s on %s", error_id, request.url.path)
+        err = ApiError("server_error", f"internal error; the server log has the details under {error_id}")
         return err.response(dialect_of(request.url.path))

@@ -173,6 +173,7 @@ async def get_model(model_id: str, request: Request) -> dict:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = get_state(request)
+    state.check_input(body)
     model = state.select(body.model)
     body.unsupported()
     messages = chat_messages(body.messages)
@@ -188,7 +189,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         raise ApiError("invalid_request", str(e), param=e.param) from None
     structured_param = "response_format" if structured is answer else "tools"
     try:
-        ids = render_prompt(model.tokenizer, messages, offered)
+        ids = await state.tokenizers.run(render_prompt, model.tokenizer, messages, offered)
     except ValueError as e:  # no template, or the template refused the conversation
         raise ApiError("invalid_request", str(e), param="messages") from e
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -301,10 +302,11 @@ async def _chat_events(jobs: list[Job], head: dict, include_usage: bool, out: _C
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
     state = get_state(request)
+    state.check_input(body)
     model = state.select(body.model)
     body.unsupported()
     prompt = body.single_prompt()
-    ids = model.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    ids = await state.tokenizers.run(model.tokenizer.encode, prompt) if isinstance(prompt, str) else list(prompt)
     jobs = await _prepare(state, model, body, ids, body.max_tokens, "max_tokens", logprobs=body.logprobs,
                           prompt_param="prompt")
     rid = f"cmpl-{uuid.uuid4().hex}"

@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fastmode.sampling_params import StructuredOutput
-from fastmode.server.errors import ApiError
+from fastmode.server.errors import ApiError, clip
+from fastmode.server.params import Penalty, Seed, Temperature, TopK, TopP
 from fastmode.server.tools import ToolChoice, ToolSpec
 
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
@@ -156,10 +157,10 @@ class StreamOptions(_Strict):
 
 class SamplingFields(_Strict):
     model: str
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)  # an extension (vLLM has it too)
-    seed: int | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None  # an extension (vLLM has it too)
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -167,8 +168,8 @@ class SamplingFields(_Strict):
     speculative: Speculative | None = None  # an extension; output is the same either way, only speed differs
     ignore_eos: bool = False  # an extension (vLLM has it too): run to max_tokens, as load generators need
     n: int | None = Field(None, ge=1, le=MAX_N)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -186,7 +187,7 @@ class SamplingFields(_Strict):
         pairs = []
         for key, bias in (self.logit_bias or {}).items():
             if not key.strip().isdigit() or not 0 <= int(key) < vocab_size:
-                raise ApiError("invalid_request", f"logit_bias: {key!r} is not a token id of this model "
+                raise ApiError("invalid_request", f"logit_bias: {clip(repr(key))} is not a token id of this model "
                                f"(the keys are token ids in [0, {vocab_size}), as strings)", param="logit_bias")
             if not -100 <= bias <= 100:
                 raise ApiError("invalid_request", f"logit_bias: the bias of token {key} is {bias}; "

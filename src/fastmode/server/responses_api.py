@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from fastmode.server.conversation import Turn
-from fastmode.server.errors import ApiError
+from fastmode.server.errors import ApiError, clip
 from fastmode.server.generation import SSEResponse, client_gone, sse_event
 from fastmode.server.openai_api import response_headers
 from fastmode.server.responses_models import ResponseRequest
@@ -29,7 +29,7 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 
 def _not_found(response_id: str) -> ApiError:
-    return ApiError("not_found", f"Response with id '{response_id}' not found.", param="response_id",
+    return ApiError("not_found", f"Response with id '{clip(response_id)}' not found.", param="response_id",
                     code="response_not_found")
 
 

@@ -20,6 +20,7 @@ from fastmode.sampling_params import StructuredOutput
 from fastmode.server.conversation import Message
 from fastmode.server.errors import ApiError
 from fastmode.server.openai_models import ServiceTier, Speculative
+from fastmode.server.params import Seed, Temperature, TopP
 from fastmode.server.tools import ToolChoice, ToolSpec
 
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
@@ -119,9 +120,9 @@ class ResponseRequest(_Strict):
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = None  # an extension (Chat Completions has it): reproducible sampling
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: Seed | None = None  # an extension (Chat Completions has it): reproducible sampling
     service_tier: ServiceTier | None = None
     speculative: Speculative | None = None  # an extension: how to speculate; None = the tier's default
     store: bool | None = None  # false: not kept, so neither GET nor previous_response_id can find it

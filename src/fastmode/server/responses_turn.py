@@ -16,6 +16,7 @@ the next turn chains from.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,7 +26,7 @@ from dataclasses import dataclass, replace
 from fastmode.engine.llm_engine import RequestOutput
 from fastmode.sampling_params import StructuredOutput
 from fastmode.server.conversation import Message, Turn, build_prompt
-from fastmode.server.errors import OPENAI, ApiError
+from fastmode.server.errors import OPENAI, ApiError, clip
 from fastmode.server.generation import (
     Job,
     check_structured,
@@ -70,7 +71,7 @@ def _previous(body: ResponseRequest, lookup: Lookup) -> Turn | None:
         return None
     prev = lookup(body.previous_response_id)
     if prev is None:
-        raise ApiError("invalid_request", f"Previous response with id '{body.previous_response_id}' not found.",
+        raise ApiError("invalid_request", f"Previous response with id '{clip(body.previous_response_id)}' not found.",
                        param="previous_response_id", code="previous_response_not_found")
     return prev
 
@@ -86,6 +87,7 @@ def _grammar(tools: list[ToolSpec], choice: ToolChoice, answer: StructuredOutput
 
 async def prepare_turn(state: ServerState, body: ResponseRequest, lookup: Lookup, generate: bool = True) -> PreparedTurn:
     """Validate, build the prompt and admit; raises ApiError (nothing is left behind)."""
+    state.check_input(body)
     model = state.select(body.model)
     body.unsupported()
     tok = model.tokenizer
@@ -106,8 +108,9 @@ async def prepare_turn(state: ServerState, body: ResponseRequest, lookup: Lookup
         return render_text(tok, messages, tools, add_generation_prompt)
 
     try:
-        ids, history, _ = build_prompt(tok, prev, body.instructions, new, model.name, render=render,
-                                       tools=tools_key, add_generation_prompt=generate)
+        ids, history, _ = await state.tokenizers.run(functools.partial(
+            build_prompt, tok, prev, body.instructions, new, model.name, render=render, tools=tools_key,
+            add_generation_prompt=generate))
     except ValueError as e:  # no template, or the template refused the conversation
         raise ApiError("invalid_request", str(e), param="input") from e
     try:

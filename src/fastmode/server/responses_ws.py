@@ -23,7 +23,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from fastmode.server.conversation import Turn
-from fastmode.server.errors import OPENAI, ApiError, validation_message
+from fastmode.server.errors import OPENAI, ApiError, clip, validation_message
 from fastmode.server.responses_models import ResponseCreateEvent
 from fastmode.server.responses_turn import ResponseRun, prepare_turn
 from fastmode.server.state import ServerState, get_state
@@ -67,14 +67,33 @@ class _Connection:
         task: asyncio.Task | None = None
         try:
             while True:
-                msg = await self.ws.receive()
+                try:
+                    msg = await asyncio.wait_for(self.ws.receive(), self.state.config.ws_idle_timeout_s)
+                except TimeoutError:
+                    if task is not None and not task.done():
+                        continue  # a response is running: the connection is not idle
+                    await self.ws.close(code=1000, reason="idle timeout: no message for "
+                                        f"{self.state.config.ws_idle_timeout_s:g} s")
+                    return
                 if msg["type"] == "websocket.disconnect":
                     return
+                text = msg.get("text")
+                if text is None:  # a binary frame: events are JSON text
+                    await self.ws.close(code=1003, reason="binary frames are not accepted; send each event as "
+                                        "JSON in a text frame")
+                    return
+                if len(text) > self.state.config.max_body_bytes:
+                    await self.ws.close(code=1009, reason="message too big: the limit is "
+                                        f"{self.state.config.max_body_mib:g} MiB")
+                    return
                 try:
-                    event = json.loads(msg.get("text") or msg.get("bytes") or b"")
+                    try:
+                        event = json.loads(text)
+                    except RecursionError:
+                        raise ApiError("invalid_request", "the message nests too deeply", code="invalid_json") from None
                     if not isinstance(event, dict) or event.get("type") != "response.create":
                         kind = event.get("type") if isinstance(event, dict) else None
-                        raise ApiError("invalid_request", f"unknown event type {kind!r}; send response.create",
+                        raise ApiError("invalid_request", f"unknown event type {clip(repr(kind))}; send response.create",
                                        param="type", code="unknown_event")
                     if task is not None and not task.done():
                         raise ApiError("invalid_request", "a response is already in progress on this connection; "

@@ -11,7 +11,8 @@ from starlette.requests import HTTPConnection
 
 from fastmode.server.config import ServerConfig
 from fastmode.server.conversation import ResponseStore
-from fastmode.server.errors import ApiError
+from fastmode.server.errors import ApiError, clip
+from fastmode.server.limits import Tokenizers, check_body
 from fastmode.server.metrics import ServerMetrics
 from fastmode.server.ratelimit import RateLimiter
 from fastmode.server.served_model import ServedModel
@@ -25,6 +26,15 @@ class ServerState:
     limiter: RateLimiter  # shared by every model: limits are per key and tier
     responses: ResponseStore
     created_s: int = field(default_factory=lambda: int(time.time()))
+    tokenizers: Tokenizers | None = None  # prompt tokenization off the event loop; from the config when None
+
+    def __post_init__(self) -> None:
+        if self.tokenizers is None:
+            self.tokenizers = Tokenizers(self.config.max_concurrent_tokenizations)
+
+    def check_input(self, body: object) -> None:
+        """The input limits and Unicode check of a parsed request (limits.check_body); 400 naming the field."""
+        check_body(body, self.config)
 
     @property
     def main(self) -> ServedModel:
@@ -36,7 +46,7 @@ class ServerState:
         if served is None:
             names = ", ".join(f"`{n}`" for n in self.models)
             raise ApiError(
-                "not_found", f"The model `{model}` does not exist; this server serves {names}",
+                "not_found", f"The model `{clip(model)}` does not exist; this server serves {names}",
                 param="model", code="model_not_found",
             )
         return served
