@@ -26,7 +26,7 @@ def make(rid, n_prompt=8, tier=Tier.STANDARD, t=0.0, max_tokens=50, prompt=None)
 
 def step(s: Scheduler, now=0.0):
     out = s.schedule(now)
-    sampled = {x.seq.request_id: [TOKEN] for x in out.scheduled if x.samples}
+    sampled = {x.seq.request_id: [TOKEN] for x in out.scheduled if x.emits_token}
     s.update_from_output(out, sampled, now)
     return out
 
@@ -285,7 +285,7 @@ def test_incremental_counts_match_a_recount_under_churn():
         preempted += len(out.preempted)
         sampled = {}
         for x in out.scheduled:
-            if x.samples:
+            if x.emits_token:
                 sampled[x.seq.request_id] = [TOKEN] * (1 + rng.randint(0, x.num_draft_tokens))
         s.update_from_output(out, sampled, now)
         for tier in Tier:

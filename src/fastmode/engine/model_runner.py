@@ -110,7 +110,7 @@ class ModelRunner:
                 q_pos = torch.arange(start, ctx).unsqueeze(1)
                 mask = torch.arange(ctx).unsqueeze(0) <= q_pos
             prefill_spans.append(PrefillSpan(first, len(input_ids), ctx, torch.tensor(seq.block_table), mask))
-            if s.samples:
+            if s.emits_token:
                 k = s.num_draft_tokens + 1  # verify every draft, plus the token after them
                 logit_rows += range(len(input_ids) - k, len(input_ids))
                 row_owner.append((s, k))
@@ -131,7 +131,7 @@ class ModelRunner:
                     positions.append(start + j)
                     ctx_lens.append(start + j + 1)
                 slots += self._slots(seq.block_table, start, n)
-                if s.samples:
+                if s.emits_token:
                     k = s.num_draft_tokens + 1
                     logit_rows += range(len(input_ids) - k, len(input_ids))
                     row_owner.append((s, k))

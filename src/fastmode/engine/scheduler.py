@@ -66,7 +66,7 @@ class ScheduledSeq:
     num_accepted_drafts: int = 0  # of the drafts, those verification kept (set by update_from_output)
 
     @property
-    def samples(self) -> bool:
+    def emits_token(self) -> bool:
         """Whether this step ends at the sequence's frontier, so a next token is sampled."""
         seq = self.seq
         return seq.num_computed_tokens + self.num_tokens - self.num_draft_tokens == len(seq.token_ids)
@@ -243,7 +243,7 @@ class Scheduler:
             if n == 0:
                 paused.append(seq)
                 continue
-            if not allocate(seq, n) and not self._evict_for(seq, n, out):
+            if not allocate(seq, n) and not self._preempt_to_grow(seq, n, out):
                 continue  # `seq` itself had to give up its KV
             scheduled.append(ScheduledSeq(seq, n, drafts))
             seq.last_scheduled_step = step  # not read again this step: the order above is fixed
@@ -254,9 +254,10 @@ class Scheduler:
             self._admit(now_s, cap, budget, out)
         return out
 
-    def _evict_for(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
-        """Preempt less important residents until `seq` gets room for `num_tokens`; if
-        nothing less important is left, preempt `seq` itself and return False."""
+    def _preempt_to_grow(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Make room for `num_tokens` more tokens of the resident `seq`: preempt less important
+        residents (a lower tier, or the same tier and a later arrival) until they fit; if nothing
+        less important is left, preempt `seq` itself and return False."""
         while True:
             victim = self._victim(out, below=seq)
             if victim is None:  # nothing less important to evict: give up this one's KV
@@ -274,7 +275,7 @@ class Scheduler:
             seq = next(order, None)
             if seq is None:
                 break
-            if not self._make_room(seq, budget, out):
+            if not self._preempt_lower_tiers_to_admit(seq, budget, out):
                 break  # strict priority: do not let later requests overtake one that does not fit
             cached = self.block_manager.admit(seq)
             if seq.first_scheduled_s is None:
@@ -293,8 +294,10 @@ class Scheduler:
             if seq.first_scheduled_s is None:
                 seq.first_scheduled_s = now_s
 
-    def _make_room(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
-        """Ensure `seq` can be admitted, preempting less important residents not scheduled this step."""
+    def _preempt_lower_tiers_to_admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
+        """Make room to admit the waiting `seq`: preempt residents of a strictly lower tier (not
+        scheduled this step) until it fits; False when no such resident is left and it still
+        does not fit. Equals never preempt each other to be admitted: they wait their turn."""
         while True:
             fits, _ = self.block_manager.can_admit(seq, budget)
             if fits and len(self.running) < self.config.max_num_seqs:

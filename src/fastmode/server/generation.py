@@ -108,7 +108,7 @@ class Job:
     async def outputs(self) -> AsyncIterator[RequestOutput]:
         metrics, name, num_out = self.state.metrics, self.model.name, 0
         try:
-            engine = self.model.running
+            engine = self.model.live_engine()
             try:
                 rid = engine.add_request(self.prompt_ids, self.params, self.admission.tier)
             except EngineClosedError as e:

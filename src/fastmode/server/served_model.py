@@ -33,8 +33,8 @@ class ServedModel:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
-    @property
-    def running(self) -> AsyncEngine:
+    def live_engine(self) -> AsyncEngine:
+        """The engine thread serving requests; 503 while the server starts or stops."""
         if self.async_engine is None:
             raise ApiError("overloaded", "the engine is not running (server starting or shutting down)")
         return self.async_engine

@@ -192,7 +192,7 @@ def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
                 chunks.append((s.num_tokens, computed))
             else:
                 contexts.append(computed)
-            if s.samples:
+            if s.emits_token:
                 sampled[seq.request_id] = one_token
         dt = step_time.step_s(chunks, contexts) if step_seconds is None else step_seconds(chunks, contexts, now)
         if jitter is not None:
