@@ -6,7 +6,7 @@ import pytest
 
 from fastmode.cli import build_parser
 from fastmode.engine.config import EngineConfig
-from fastmode.server.command import _pick
+from fastmode.commands.flags import pick as _pick
 from fastmode.server.config import ServerConfig
 from tests.server.conftest import export_spark
 
@@ -95,3 +95,18 @@ def test_spark_engine_serves_the_default_models_spark_when_present(tiny_llama_di
     monkeypatch.setattr(spark, "find_spark", lambda name=None: other)
     assert spark_engine(main, config) is None  # distilled from another checkpoint: skipped with a warning
     assert "not serving Spark" in capsys.readouterr().err
+
+
+def test_generate_and_chat_flags_come_from_the_same_dataclasses():
+    from fastmode.commands.common import sampling_from_args
+    from fastmode.engine.config import LoadConfig
+
+    args = build_parser().parse_args(["generate", "hi", "--dtype", "float32", "--weights", "dequantize", "--stop", "a,b",
+                                      "--stop", "c", "--temperature", "0.5", "--max-tokens", "7", "--tier", "fast"])
+    assert _pick(LoadConfig, args) == {"model": None, "dtype": "float32", "weights": "dequantize"}
+    params = sampling_from_args(args)
+    assert (params.stop, params.temperature, params.max_tokens, args.tier) == (("a,b", "c"), 0.5, 7, "fast")
+    chat = sampling_from_args(build_parser().parse_args(["chat"]))
+    assert (chat.temperature, chat.max_tokens, chat.stop) == (0.0, 128, ())  # greedy and short on the command line
+    with pytest.raises(SystemExit):  # the one list of dtypes gives the choices
+        build_parser().parse_args(["generate", "hi", "--dtype", "float64"])

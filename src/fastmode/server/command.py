@@ -2,9 +2,8 @@
 
 Every engine flag is generated from a field of one of `EngineConfig`'s parts
 (under its flat name, see engine/config.py) and every server flag from a
-`ServerConfig` field (name -> --kebab-case, type from the annotation, help
-from the field's comment), so a new config field is a new flag without
-touching this file.
+`ServerConfig` field (commands/flags.py), so a new config field is a new flag
+without touching this file.
 
 Serving the default model also serves its Spark student under its own name
 when Spark's weights are present (`--no-serve-spark` turns that off), so
@@ -15,83 +14,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
-import re
 import sys
-import typing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fastmode.commands.flags import add_dataclass_args
+from fastmode.commands.flags import pick as _pick
 
 if TYPE_CHECKING:  # imported lazily at run time: they pull in torch, and `fastmode --help` should not wait
     from fastmode.engine.config import EngineConfig
     from fastmode.engine.llm_engine import LLMEngine
-
-_NONE_WORDS = ("none", "null", "off")
-
-
-def _comments(cls: type) -> dict[str, str]:
-    """Field name -> its trailing `# comment` in the class source (the flag's help)."""
-    try:
-        src = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return {}
-    return {m[1]: m[2].strip() for m in re.finditer(r"^\s+(\w+):[^#\n]*#\s*(.+)$", src, re.M)}
-
-
-def _parser_for(tp: Any):
-    """(argparse type callable, is_bool) for a field annotation such as `int | None`."""
-    args = typing.get_args(tp)
-    optional = type(None) in args
-    base = next((a for a in args if a is not type(None)), tp) if args else tp
-    if base is bool:
-        return None, True
-    if typing.get_origin(base) is tuple:  # tuple[str, ...]: comma-separated on the command line
-
-        def parse(text: str):
-            return tuple(t.strip() for t in text.split(",") if t.strip())
-
-        parse.__name__ = "list"
-        return parse, False
-    conv = base if base in (int, float, str) else str
-
-    def parse(text: str):
-        if optional and text.lower() in _NONE_WORDS:
-            return None
-        return conv(text)
-
-    parse.__name__ = conv.__name__  # argparse names the type in its error messages
-    return parse, False
-
-
-def _settings(cls: type) -> list[tuple[str, tuple[str, ...], type, dataclasses.Field]]:
-    """(flat name, aliases, declaring class, field) for each setting of a config class: its
-    `flat_fields()` for a composed config (EngineConfig), else its own fields."""
-    if hasattr(cls, "flat_fields"):
-        return [(f.name, f.aliases, f.owner, f.field) for f in cls.flat_fields()]
-    return [(f.name, (), cls, f) for f in dataclasses.fields(cls)]
-
-
-def add_dataclass_args(p: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (), title: str | None = None) -> None:
-    """One flag per setting of `cls` (name -> --kebab-case, type from the annotation, help from
-    the field's comment)."""
-    group = p.add_argument_group(title or cls.__name__)
-    for name, aliases, owner, f in _settings(cls):
-        if name in skip:
-            continue
-        parse, is_bool = _parser_for(typing.get_type_hints(owner)[f.name])
-        flags = ["--" + n.replace("_", "-") for n in (name, *aliases)]
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        shown = ",".join(default) if isinstance(default, tuple) else default
-        note = _comments(owner).get(f.name, "")
-        help_text = f"{note} (default: {shown})" if note else f"default: {shown}"
-        if is_bool:
-            group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-        else:
-            group.add_argument(*flags, dest=name, type=parse, default=default, help=help_text)
-
-
-def _pick(cls: type, args: argparse.Namespace) -> dict[str, Any]:
-    """The settings of `cls` from parsed flags, as keywords for `cls(...)`."""
-    return {name: getattr(args, name) for name, *_ in _settings(cls) if hasattr(args, name)}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

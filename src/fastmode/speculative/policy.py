@@ -42,9 +42,12 @@ if TYPE_CHECKING:
     from fastmode.engine.scheduler import SchedulerOutput
 
 
+METHODS = ("off", "ngram", "draft")  # "off" included: a request may opt out
+
+
 @dataclass(frozen=True)
 class SpecConfig:
-    method: str = "ngram"  # where speculation is on by default: off | ngram | draft
+    method: str = field(default="ngram", metadata={"choices": METHODS})  # where speculation is on by default
     tiers: tuple[str, ...] = ("fast",)  # tiers that speculate unless a request opts out (a string: "standard,fast")
     max_draft_tokens: int = 6  # upper bound on k; the policy adapts k to measured acceptance
     max_batch: int = 4  # no speculation when more sequences than this decode together (see fastmode calibrate)
@@ -56,7 +59,7 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if isinstance(self.tiers, str):  # "standard,fast", as the command line spells it
             object.__setattr__(self, "tiers", tuple(t.strip() for t in self.tiers.split(",") if t.strip()))
-        if self.method not in ("off", "ngram", "draft"):
+        if self.method not in METHODS:
             raise ValueError(f"speculative method must be off, ngram or draft; got {self.method!r}")
         if self.max_draft_tokens < 1 or self.max_batch < 1 or self.probe_every < 1:
             raise ValueError("max_draft_tokens, max_batch and probe_every must be >= 1")

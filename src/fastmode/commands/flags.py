@@ -1,0 +1,106 @@
+"""Command-line flags generated from configuration dataclasses: the one way commands take settings.
+
+A field becomes `--kebab-case`, typed from its annotation (`int | None` also takes
+"none"; `bool` gets --x/--no-x; `tuple[str, ...]` takes "a,b", or repeats where
+asked), with its trailing `# comment` as help and `choices` from its metadata. A
+composed config (EngineConfig) lists its settings under flat names through
+`flat_fields()`; others list their own fields. So a new config field is a new
+flag without touching any command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+import typing
+from typing import Any
+
+_NONE_WORDS = ("none", "null", "off")
+
+
+def _comments(cls: type) -> dict[str, str]:
+    """Field name -> its trailing `# comment` in the class source (the flag's help)."""
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    return {m[1]: m[2].strip() for m in re.finditer(r"^\s+(\w+):[^#\n]*#\s*(.+)$", src, re.M)}
+
+
+def _parser_for(tp: Any, repeated: bool):
+    """(argparse type callable, is_bool) for a field annotation such as `int | None`."""
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), tp) if args else tp
+    if base is bool:
+        return None, True
+    if typing.get_origin(base) is tuple and not repeated:  # "a,b" -> ("a", "b")
+
+        def parse(text: str):
+            return tuple(t.strip() for t in text.split(",") if t.strip())
+
+        parse.__name__ = "list"
+        return parse, False
+    item = typing.get_args(base)[0] if typing.get_origin(base) is tuple else base
+    conv = item if item in (int, float, str) else str
+
+    def parse(text: str):
+        if optional and text.lower() in _NONE_WORDS:
+            return None
+        return conv(text)
+
+    parse.__name__ = conv.__name__  # argparse names the type in its error messages
+    return parse, False
+
+
+def _settings(cls: type) -> list[tuple[str, tuple[str, ...], type, dataclasses.Field]]:
+    """(flat name, aliases, declaring class, field) for each setting of `cls`."""
+    if hasattr(cls, "flat_fields"):
+        return [(f.name, f.aliases, f.owner, f.field) for f in cls.flat_fields()]
+    return [(f.name, (), cls, f) for f in dataclasses.fields(cls)]
+
+
+def add_dataclass_args(
+    p: argparse.ArgumentParser,
+    cls: type,
+    *,
+    only: tuple[str, ...] | None = None,
+    skip: tuple[str, ...] = (),
+    defaults: dict[str, Any] | None = None,
+    repeatable: tuple[str, ...] = (),
+    title: str | None = None,
+    description: str | None = None,
+) -> None:
+    """One flag per setting of `cls` (or of `only` those), in a group titled `title`.
+
+    `defaults` replaces a field's default for this command; a `repeatable` tuple field takes
+    one value per use of its flag (`--stop a --stop b`) instead of a comma-separated list.
+    """
+    group = p.add_argument_group(title or cls.__name__, description)
+    defaults = defaults or {}
+    for name, aliases, owner, f in _settings(cls):
+        if name in skip or (only is not None and name not in only):
+            continue
+        repeated = name in repeatable
+        parse, is_bool = _parser_for(typing.get_type_hints(owner)[f.name], repeated)
+        flags = ["--" + n.replace("_", "-") for n in (name, *aliases)]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        default = defaults.get(name, default)
+        shown = (",".join(default) or "none") if isinstance(default, tuple) else default
+        note = _comments(owner).get(f.name, "")
+        help_text = f"{note} (default: {shown})" if note else f"default: {shown}"
+        choices = f.metadata.get("choices")
+        if is_bool:
+            group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif repeated:
+            group.add_argument(*flags, dest=name, type=parse, action="append", default=list(default or ()),
+                               choices=choices, help=f"{help_text}; repeat the flag for more")
+        else:
+            group.add_argument(*flags, dest=name, type=parse, default=default, choices=choices, help=help_text)
+
+
+def pick(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of `cls` found in parsed flags, as keywords for `cls(...)`."""
+    return {name: getattr(args, name) for name, *_ in _settings(cls) if hasattr(args, name)}
