@@ -3,10 +3,11 @@
 `create_app(engine, config, extra_engines)` wires one or more engines to one
 app: the main model (named `served_model_name`, else its own name) and any
 others, each served under its own name. Every engine's background thread
-(AsyncEngine) starts with the app's lifespan and stops with it: on shutdown
-uvicorn first lets in-flight responses finish (up to `drain_timeout_s`), then
-the lifespan aborts whatever is left, and each such request receives an
-error, never silence.
+(AsyncEngine) starts with the app's lifespan and stops with it. `fastmode
+serve` drains first (server/shutdown.py): new requests are refused, in-flight
+ones get up to `drain_timeout_s`, and each one left receives an error, never
+silence. Middleware, outermost first: the drain gate, the Host/Origin guard
+(origin.py), CORS when configured, the body size limit (limits.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from fastmode.server.metrics import CONTENT_TYPE, ServerMetrics
 from fastmode.server.origin import OriginGuard
 from fastmode.server.ratelimit import RateLimiter
 from fastmode.server.served_model import ServedModel
+from fastmode.server.shutdown import DrainGate
 from fastmode.server.state import ServerState, get_state
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,7 @@ def create_app(
         app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["*"])
     app.add_middleware(OriginGuard, config=config)
+    app.add_middleware(DrainGate, state=state)
     app.include_router(openai_api.router)
     app.include_router(anthropic_api.router)
     app.include_router(responses_ws.router)

@@ -97,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
     if spark is not None:
         print(f"fastmode: {spark.model_name} (the Spark student) is served as its own model; "
               "--no-serve-spark turns it off", file=sys.stderr)
-    uvicorn.run(app, host=server_config.host, port=server_config.port, log_level=args.log_level,
-                timeout_graceful_shutdown=int(server_config.drain_timeout_s),
-                ws_max_size=server_config.max_body_bytes, ws_ping_interval=20.0, ws_ping_timeout=20.0)
+    from fastmode.server.shutdown import DrainingServer
+
+    # The app drains itself first (server/shutdown.py); uvicorn's own wait comes after, with little left.
+    config = uvicorn.Config(app, host=server_config.host, port=server_config.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=5, ws_max_size=server_config.max_body_bytes,
+                            ws_ping_interval=20.0, ws_ping_timeout=20.0)
+    DrainingServer(config, app.state.fastmode, server_config.drain_timeout_s).run()
     return 0

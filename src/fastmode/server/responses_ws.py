@@ -143,7 +143,10 @@ async def responses_socket(ws: WebSocket) -> None:
         await conn.send_error(e)
         await ws.close(code=1008)  # policy violation
         return
+    state.websockets.add(ws)  # closed with 1001 if the server shuts down
     try:
         await conn.run()
     except WebSocketDisconnect:  # an error event could not be sent: the client is gone
         pass
+    finally:
+        state.websockets.discard(ws)

@@ -27,6 +27,8 @@ class ServerState:
     responses: ResponseStore
     created_s: int = field(default_factory=lambda: int(time.time()))
     tokenizers: Tokenizers | None = None  # prompt tokenization off the event loop; from the config when None
+    draining: bool = False  # shutting down: new requests are refused (shutdown.py)
+    websockets: set = field(default_factory=set)  # open WebSocket connections, closed with 1001 on shutdown
 
     def __post_init__(self) -> None:
         if self.tokenizers is None:
