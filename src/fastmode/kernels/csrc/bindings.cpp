@@ -4,6 +4,8 @@
 torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, bool int8_activations);
 torch::Tensor quant_dequantize(torch::Tensor w, int64_t qtype, int64_t k, torch::Tensor rows);
 bool has_avx2();
+std::string isa();
+std::string int8_dot();
 int64_t fp32_lanes();
 int64_t direct_max_rows();
 std::string amx_unavailable_reason();
@@ -34,6 +36,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_qkv", &rope_qkv, "RoPE on a fused qkv row; k and v written to their cache slots; returns q", nogil());
   m.def("decode_layers", &decode_layers, "every decoder layer of a pure-decode step in one call", nogil());
   m.def("has_avx2", &has_avx2, "whether the AVX2/FMA/F16C paths were compiled in");
+  m.def("isa", &isa, "the ISA path this build runs (a key of fastmode.kernels.ISA_PATHS)");
+  m.def("int8_dot", &int8_dot, "how the int8-activation path forms its dot products: vpdpbusd (VNNI), vpmaddubsw+vpmaddwd or scalar");
   m.def("amx_unavailable_reason", &amx_unavailable_reason, "why the fp32 path does not run on AMX tiles (empty when it does)");
   m.def("direct_max_rows", &direct_max_rows, "activation rows up to which the matmul reads blocks directly; more take another kernel");
   m.def("amx_tile_rows", &amx_tile_rows, "activation rows per AMX tile pass (0 where AMX does not run)");

@@ -393,13 +393,27 @@ QuantRows quantize_rows(const float* x, int64_t M, int64_t K) {
 }
 
 #if FM_AVX2
+// Per 32-bit lane, the sum of four products of unsigned bytes (u) and signed bytes (s): one
+// vpdpbusd where the build has VNNI, else vpmaddubsw + vpmaddwd. Both are exact here, so every
+// build gives the same integers: vpmaddubsw saturates a pair's sum at 2^15, and the operands
+// stay below it (u <= 15 for Q4 nibbles, u = |w| <= 128 for Q8_0; |s| <= 127, activations being
+// rounded onto +-127), at most 2 * 128 * 127 = 32512.
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
 // One weight block against MR rows of quantized activations, accumulated into
 // acc[r]; returns the block's additive term m (0 for Q8_0), which dot_rows_int8
 // applies to the rows' block sums at the end.
 template <int QT, int MR>
 inline float dot_block_int8(const uint8_t* blk, const int8_t* xq, const float* xd, int64_t ldq, int64_t lds,
                             __m256* acc) {
-  const __m256i ones = _mm256_set1_epi16(1);
   const float d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
   float m = 0.0f;
   __m256i w;  // Q4: 32 unsigned nibbles; Q8_0: signed bytes, sign moved onto x below
@@ -416,7 +430,7 @@ inline float dot_block_int8(const uint8_t* blk, const int8_t* xq, const float* x
   for (int r = 0; r < MR; ++r) {
     __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * ldq));
     if constexpr (QT == kQ8_0) xv = _mm256_sign_epi8(xv, w);
-    const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xv), ones);
+    const __m256i dot = dot_u8s8(wabs, xv);
     const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(xd + r * lds));
     acc[r] = _mm256_fmadd_ps(dv, t, acc[r]);
   }
@@ -588,6 +602,35 @@ torch::Tensor quant_dequantize(torch::Tensor w, int64_t qtype, int64_t k, torch:
 }
 
 bool has_avx2() { return FM_AVX2; }
+
+// The ISA path this library was built for (fastmode.kernels.ISA_PATHS), from what the compiler
+// was told the CPU has: the Python side checks it against the path it asked for.
+std::string isa() {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && FM_AVX512 && defined(__AVX512VNNI__)
+  return "amx";
+#elif FM_AVX512 && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return "avx512_vnni";
+#elif FM_AVX512
+  return "avx512";
+#elif FM_AVX2 && defined(__AVXVNNI__)
+  return "avx2_vnni";
+#elif FM_AVX2
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+
+// How the int8-activation path forms its integer dot products.
+std::string int8_dot() {
+#if FM_AVX2 && ((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__))
+  return "vpdpbusd";
+#elif FM_AVX2
+  return "vpmaddubsw+vpmaddwd";
+#else
+  return "scalar";
+#endif
+}
 
 // Activation rows up to which the matmul reads the blocks directly; more rows take another
 // kernel (a dequantized buffer, or AMX tiles), so a step's time bends here.
