@@ -30,7 +30,9 @@ STRATEGY_TEXT = {
     "step": "verifier catches a failed step; retry only that step (n/p steps)",
 }
 
-# The seeds' numbers: Terminal-Bench 2.0, Codex-Spark 58.4% vs GPT-5.3-Codex 77.3%.
+# The two articles comparing Anthropic's and OpenAI's fast modes (the README's "Why a fast
+# mode") compare the modes below. Their accuracy figures: Terminal-Bench 2.0, Codex-Spark 58.4% vs
+# GPT-5.3-Codex 77.3%.
 SPARK_BENCH, FULL_BENCH = 58.4, 77.3
 
 
@@ -108,10 +110,11 @@ def evaluate_chain(mode: Mode, n_steps: int, strategy: str = "pipeline") -> Chai
 
 
 def seed_modes(tokens_per_step: int = 1000, latency_s: float = 0.0) -> list[Mode]:
-    """The seeds' modes. Standard/fast: Opus 4.6 figures; Spark: Codex-Spark figures.
+    """The modes the two articles comparing Anthropic's and OpenAI's fast modes set side by side.
+    Standard/fast: Anthropic's Opus 4.6 figures; Spark: OpenAI's Codex-Spark figures.
 
     Spark has no public per-token price, so it is given the standard price (an
-    assumption stated in the note); its per-step accuracy is the seeds' scaling.
+    assumption stated in the note); its per-step accuracy is the articles' scaling.
     """
     spark_low = round(0.9 * SPARK_BENCH / FULL_BENCH, 2)  # 0.68
     common = {"tokens_per_step": tokens_per_step, "latency_s": latency_s}
@@ -121,18 +124,18 @@ def seed_modes(tokens_per_step: int = 1000, latency_s: float = 0.0) -> list[Mode
         Mode("spark-0.68", spark_low, 1000.0, 25.0,
              note="Codex-Spark: 1000+ tok/s; p = 0.9 x 58.4/77.3; price assumed = standard", **common),
         Mode("spark-0.75", 0.75, 1000.0, 25.0,
-             note="Codex-Spark with the seeds' milder per-step guess 0.75; price assumed", **common),
+             note="Codex-Spark with the articles' milder per-step guess 0.75; price assumed", **common),
     ]
 
 
 def seed_table(n_steps: int = 10) -> list[dict[str, Any]]:
-    """The seeds' p^n table, with where each p comes from."""
+    """The fast-mode articles' p^n table, with where each p comes from."""
     rows = [
-        (0.8, "seed: per-step 80%"),
-        (0.9, "seed: per-step 90%"),
+        (0.8, "articles: per-step 80%"),
+        (0.9, "articles: per-step 90%"),
         (0.9 * SPARK_BENCH / FULL_BENCH, "0.9 x 58.4/77.3 (Spark scaled from 90%)"),
-        (0.75, "seed: milder Spark guess"),
-        (0.8 * SPARK_BENCH / FULL_BENCH, "0.8 x 58.4/77.3 (Spark scaled from 80%; not in the seeds)"),
+        (0.75, "articles: milder Spark guess"),
+        (0.8 * SPARK_BENCH / FULL_BENCH, "0.8 x 58.4/77.3 (Spark scaled from 80%; not in the articles)"),
     ]
     return [{"p_step": p, "n_steps": n_steps, "p_success": success_probability(p, n_steps), "source": src}
             for p, src in rows]

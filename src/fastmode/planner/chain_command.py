@@ -1,11 +1,13 @@
 """`fastmode chain`: expected time and cost to a correct n-step result, per mode.
 
-    fastmode chain                       # the seeds' modes, 10 steps, all strategies
+    fastmode chain                       # the fast-mode articles' modes, 10 steps, all strategies
     fastmode chain --steps 20 --strategy step --json
     fastmode chain --mode mine:0.85:400:12 --mode cheap:0.7:2000:1
 
-A mode is NAME:P_STEP:TOK_S:USD_PER_MTOK (output tokens). See
-fastmode.planner.chain for the three retry strategies and their formulas.
+A mode is NAME:P_STEP:TOK_S:USD_PER_MTOK (output tokens). By default the modes are
+those of the two articles on Anthropic's and OpenAI's fast modes: Opus 4.6 standard
+and fast, and Codex-Spark. See fastmode.planner.chain for the three retry strategies
+and their formulas.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=10, help="pipeline length n (default 10)")
     p.add_argument("--mode", action="append", type=_parse_mode, metavar="NAME:P:TOK_S:USD_PER_MTOK",
-                   help="a mode to compare (repeatable); default: the seeds' standard, fast and Spark")
+                   help="a mode to compare (repeatable); default: the fast-mode articles' Opus 4.6 "
+                        "standard and fast, and Codex-Spark")
     p.add_argument("--strategy", choices=("pipeline", "restart", "step", "all"), default="all")
     p.add_argument("--tokens-per-step", type=int, default=1000, help="output tokens per step")
     p.add_argument("--latency-s", type=float, default=0.0, help="per-step TTFT + round trip (s)")
