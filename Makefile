@@ -29,5 +29,10 @@ run: install
 test: install
 	$(BIN)/python -m pytest -q
 
+# The current results table (docs/results.md): peers, HTTP and speculation, each peer in the same run.
+# Build the peers first (benchmarks/peers/README.md). BENCH_ARGS=--quick for a smoke run.
+bench: install
+	$(BIN)/python benchmarks/results.py $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -24,12 +24,86 @@ Times are the minimum over repeats (this VM's noise is one-sided).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+
+SIMD_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512vbmi",
+              "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_description() -> dict:
+    """The CPU (model name, vCPUs), its SIMD flags of interest to the kernels, and the kernel ISA
+    path fastmode runs here (fastmode.kernels.select_isa, capped by FASTMODE_KERNELS_ISA)."""
+    import os
+
+    from fastmode.kernels import cpu_flags, select_isa
+
+    model = "?"
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    flags = cpu_flags()
+    return {"cpu": model, "vcpus": os.cpu_count(), "simd_flags": [f for f in SIMD_FLAGS if f in flags],
+            "fastmode_kernels_isa": select_isa()}
+
+
+def cpu_line(d: dict) -> str:
+    return (f"{d['cpu']}, {d['vcpus']} vCPUs; flags: {' '.join(d['simd_flags']) or 'none of note'}; "
+            f"fastmode kernels: {d['fastmode_kernels_isa']}")
+
+
+def dram_read_gbs(threads: int, mib: int = 1024, repeats: int = 5) -> float:
+    """DRAM read bandwidth in GB/s with `threads` threads: the best of `repeats` sums over a buffer
+    of `mib` MiB (far larger than any cache here, so every byte comes from DRAM). An fp32 sum does
+    a few vector adds per 32 bytes read, so memory, not the adds, bounds it."""
+    torch.set_num_threads(threads)
+    buf = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    buf.sum()  # touch every page first
+    best = best_of(lambda: buf.sum(), repeats)
+    return buf.numel() * 4 / best / 1e9
+
+
+def decode_bytes_per_step(gguf_path: str, batch: int, context: float, kv_bytes: int = 2) -> dict:
+    """Bytes a decode step of `batch` sequences of `context` tokens each must read from memory at
+    the least: every weight once (the token embedding only where the output head is its tied copy;
+    otherwise a step gathers `batch` rows of it, counted as nothing) and every sequence's K and V
+    (`kv_bytes` per value: 2 for fp16, what fastmode and llama.cpp keep by default)."""
+    weights, kv_values_per_token = _model_bytes(gguf_path)
+    kv_per_token = kv_values_per_token * kv_bytes
+    kv = int(batch * context * kv_per_token)
+    return {"weights": weights, "kv": kv, "total": weights + kv, "kv_per_token": kv_per_token}
+
+
+@functools.lru_cache(maxsize=8)
+def _model_bytes(gguf_path: str) -> tuple[int, int]:
+    """(bytes of weights a decode step reads, K and V values per token of context) of a GGUF model."""
+    import gguf
+
+    r = gguf.GGUFReader(gguf_path)
+    tied = "output.weight" not in {t.name for t in r.tensors}
+    weights = sum(int(t.n_bytes) for t in r.tensors if t.name != "token_embd.weight" or tied)
+
+    def field(suffix: str) -> int:
+        key = next(k for k in r.fields if k.endswith(suffix))
+        f = r.fields[key]
+        return int(f.parts[f.data[0]][0])
+
+    layers, heads, kv_heads, width = (field(s) for s in (".block_count", ".attention.head_count",
+                                                         ".attention.head_count_kv", ".embedding_length"))
+    return weights, layers * 2 * kv_heads * (width // heads)
+
+
+def roofline_tok_s(gbs: float, gguf_path: str, batch: int, context: float) -> float:
+    """The memory roofline of decode: tok/s if every step only streamed its bytes at `gbs`."""
+    return batch * gbs * 1e9 / decode_bytes_per_step(gguf_path, batch, context)["total"]
 
 
 def best_of(fn, repeats: int) -> float:

@@ -27,11 +27,21 @@ a small cost counted against them.
 
 Each engine runs in its own subprocess (its own thread pools; a crash or a
 missing install skips only that peer). Every engine is given --threads
-threads. The report prints the machine, the precision each engine computes
-in, and the ratio to llama.cpp at the same batch.
+threads. This VM's speed drifts by 10-30% within minutes, so the engines are
+compared within one run: --rounds rounds (default 3), every engine once per
+round, the order alternating (A B, then B A, ...); each round's ratio to
+llama.cpp is taken within the round, and the medians over rounds are reported.
 
-    .venv/bin/python benchmarks/peers.py                       # 128+128 tokens, batches 1,16
-    .venv/bin/python benchmarks/peers.py --ntg 8 --batches 1,2 --repeats 1   # smoke run
+Each round also measures the DRAM read bandwidth with --threads threads
+(benchmarks/kernels.py dram_read_gbs), and every decode figure is printed as
+a fraction of the memory roofline: bandwidth / bytes a decode step must read
+(every weight once, and each sequence's f16 K and V at its mean context),
+times the batch. The report prints the machine (CPU model, SIMD flags, the
+kernel ISA path fastmode runs, llama.cpp's own system_info line), the
+precision each engine computes in, and the ratio to llama.cpp at the same batch.
+
+    .venv/bin/python benchmarks/peers.py                       # 128+128 tokens, batches 1,16, 3 rounds
+    .venv/bin/python benchmarks/peers.py --ntg 8 --batches 1,2 --rounds 1   # smoke run
     .venv/bin/python benchmarks/peers.py --skip transformers,llama-cpp-python
 
 Build the peers first: benchmarks/peers/README.md. Writes runs/peers/peers.json.
@@ -158,8 +168,12 @@ def worker_fastmode(args: argparse.Namespace, info: dict) -> dict:
     changed = [f"{k}={v}" for k, v in (("weights", args.fastmode_weights), ("dtype", args.fastmode_dtype))
                if v != {"weights": "native", "dtype": "auto"}[k]]
     config = ", ".join(changed) or "default EngineConfig"
+    from fastmode.kernels import ops
+
+    k = ops()
+    kernels = f"{k.isa()} (int8 dot: {k.int8_dot()})" if k is not None else "none"
     return {"engine": "fastmode", "version": fastmode.__version__, "precision": precision,
-            "config": f"{config}, standard tier, num_threads=--threads", "rows": rows}
+            "config": f"{config}, standard tier, num_threads=--threads", "kernels": kernels, "rows": rows}
 
 
 def worker_llama_cpp_python(args: argparse.Namespace, info: dict) -> dict:
@@ -250,8 +264,14 @@ def worker_vllm(args: argparse.Namespace, info: dict) -> dict:
             "config": "offline LLM.generate, prompt_token_ids, greedy, ignore_eos", "rows": rows}
 
 
+def worker_bandwidth(args: argparse.Namespace, info: dict) -> dict:
+    from benchmarks.kernels import dram_read_gbs
+
+    return {"engine": "bandwidth", "dram_read_gbs": dram_read_gbs(args.threads), "threads": args.threads}
+
+
 WORKERS = {"fastmode": worker_fastmode, "llama-cpp-python": worker_llama_cpp_python,
-           "transformers": worker_transformers, "vllm": worker_vllm}
+           "transformers": worker_transformers, "vllm": worker_vllm, "bandwidth": worker_bandwidth}
 
 
 def _short_dtype(name: str) -> str:
@@ -298,10 +318,13 @@ def run_llama_cpp(args: argparse.Namespace, info: dict) -> dict:
     if args.llama_ngl is not None:
         cmd += ["-ngl", str(args.llama_ngl)]
     rows_by_batch: dict[int, list[dict]] = {}
+    system_info = None
     for _ in range(args.repeats):
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
         if p.returncode != 0:
             raise RuntimeError(f"llama-batched-bench exited {p.returncode}: {p.stderr[-2000:]}")
+        system_info = next((ln.strip() for ln in (p.stderr + p.stdout).splitlines() if "system_info" in ln),
+                           system_info)
         parsed = parse_batched_bench(p.stdout) or parse_batched_bench(p.stderr)
         if not parsed:
             raise RuntimeError(f"could not parse llama-batched-bench output:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
@@ -316,7 +339,7 @@ def run_llama_cpp(args: argparse.Namespace, info: dict) -> dict:
                      "prefill_tok_s": statistics.median(r["speed_pp"] for r in got), "raw": got,
                      "method": f"llama-batched-bench S_TG = B*TG / T_TG, median of {len(got)}"})
     return {"engine": "llama.cpp", "version": f"vendored by llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}",
-            "binary": str(exe), "command": " ".join(cmd),
+            "binary": str(exe), "command": " ".join(cmd), "system_info": system_info,
             "precision": f"{info['quant']} GGUF (as stored), int8 activations, f16 KV",
             "config": "llama-batched-bench, prompts not shared", "rows": rows}
 
@@ -357,25 +380,85 @@ def fmt(x: float | None, nd: int = 1) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def print_table(results: list[dict], machine: dict, info: dict, args: argparse.Namespace) -> None:
-    base = {r["batch"]: r["decode_tok_s"] for e in results if e["engine"] == "llama.cpp" for r in e["rows"]}
+def combine_rounds(rounds: list[dict], args: argparse.Namespace, info: dict) -> list[dict]:
+    """Each engine's rows over the rounds: the median of the rounds' decode tok/s, each round's
+    ratio to llama.cpp measured in that same round and their median, and each figure as a
+    fraction of the memory roofline (the round's DRAM bandwidth / the bytes a step reads)."""
+    from benchmarks.kernels import roofline_tok_s
+
+    context = args.npp + (args.ntg + 1) / 2  # a sequence's mean context over its decode steps
+    results: dict[str, dict] = {}
+    for rnd in rounds:
+        bw = rnd.get("dram_read_gbs")
+        base = {r["batch"]: r["decode_tok_s"] for r in rnd["results"].get("llama.cpp", {}).get("rows", [])}
+        for name, res in rnd["results"].items():
+            e = results.setdefault(name, {k: v for k, v in res.items() if k != "rows"} | {"by_batch": {}})
+            for r in res["rows"]:
+                b = e["by_batch"].setdefault(r["batch"], {"decode": [], "prefill": [], "ratio": [], "roofline": [],
+                                                          "raw": []})
+                d, ref = r["decode_tok_s"], base.get(r["batch"])
+                b["decode"].append(d)
+                b["prefill"].append(r["prefill_tok_s"])
+                b["ratio"].append(d / ref if d and ref else None)
+                b["roofline"].append(d / roofline_tok_s(bw, info["path"], r["batch"], context) if d and bw else None)
+                b["raw"].append(r)
+    out = []
+    med = lambda xs: statistics.median([x for x in xs if x is not None]) if any(x is not None for x in xs) else None  # noqa: E731
+    for name in ENGINES:
+        if name not in results:
+            continue
+        e = results[name]
+        rows = []
+        for batch, b in sorted(e.pop("by_batch").items()):
+            rows.append({"batch": batch, "decode_tok_s": med(b["decode"]), "prefill_tok_s": med(b["prefill"]),
+                         "vs_llama_cpp": med(b["ratio"]), "roofline_fraction": med(b["roofline"]),
+                         "decode_tok_s_by_round": b["decode"], "vs_llama_cpp_by_round": b["ratio"],
+                         "roofline_fraction_by_round": b["roofline"], "raw_by_round": b["raw"]})
+        out.append(e | {"rows": rows})
+    return out
+
+
+def print_table(results: list[dict], rounds: list[dict], mach: dict, info: dict, args: argparse.Namespace) -> None:
+    from benchmarks.kernels import cpu_line, decode_bytes_per_step, roofline_tok_s
+
+    bws = [r["dram_read_gbs"] for r in rounds if r.get("dram_read_gbs")]
+    bw = statistics.median(bws) if bws else None
+    context = args.npp + (args.ntg + 1) / 2
     print()
-    print(f"machine: {machine['cpu']} ({machine['isa']}), {machine['cores']} cores; --threads {args.threads}")
+    print(f"machine: {cpu_line(mach)}; --threads {args.threads}")
+    llama = next((e for e in results if e["engine"] == "llama.cpp"), None)
+    if llama and llama.get("system_info"):
+        print(f"llama.cpp {llama['system_info']}")
     print(f"model:   {info['path']} ({info['quant']}, {info['size_mib']} MiB)")
     print(f"prompts: {args.npp} tokens, decode {args.ntg} tokens, greedy, every answer full length; "
-          f"{args.repeats} repeat(s), median")
-    header = ("engine", "precision", "batch", "decode tok/s", "prefill tok/s", "vs llama.cpp")
+          f"{args.rounds} round(s), the engines' order alternating, {args.repeats} repeat(s) each; medians over rounds")
+    print("1-min load average at each round's start: " + ", ".join(f"{r['load_1min']:.2f}" for r in rounds))
+    print("DRAM read bandwidth (GB/s, --threads threads, each round): "
+          + (", ".join(f"{x:.1f}" for x in bws) + f"; median {bw:.1f}" if bws else "not measured"))
+    if bw:
+        for batch in args.batch_list:
+            step = decode_bytes_per_step(info["path"], batch, context)
+            print(f"memory roofline at batch {batch}: {roofline_tok_s(bw, info['path'], batch, context):.0f} tok/s "
+                  f"({step['total'] / 1e6:.1f} MB read per step: weights {step['weights'] / 1e6:.1f} MB, "
+                  f"f16 K/V {step['kv'] / 1e6:.1f} MB at ~{context:.0f} tokens of context)")
+    header = ("engine", "precision", "batch", "decode tok/s", "each round", "prefill tok/s", "vs llama.cpp",
+              "each round", "of roofline")
     lines = []
     for e in results:
         for r in e["rows"]:
-            ref = base.get(r["batch"])
-            ratio = f"{r['decode_tok_s'] / ref:.2f}x" if ref and r["decode_tok_s"] else "-"
-            lines.append((e["engine"], e["precision"], str(r["batch"]), fmt(r["decode_tok_s"]),
-                          fmt(r["prefill_tok_s"]), ratio))
+            each = " ".join(fmt(x) for x in r["decode_tok_s_by_round"])
+            ratios = " ".join("-" if x is None else f"{x:.2f}" for x in r["vs_llama_cpp_by_round"])
+            ratio = "-" if r["vs_llama_cpp"] is None else f"{r['vs_llama_cpp']:.2f}x"
+            roof = "-" if r["roofline_fraction"] is None else f"{100 * r['roofline_fraction']:.0f}%"
+            lines.append((e["engine"], e["precision"], str(r["batch"]), fmt(r["decode_tok_s"]), each,
+                          fmt(r["prefill_tok_s"]), ratio, ratios if e["engine"] != "llama.cpp" else "-", roof))
     widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
     print("  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
     for x in lines:
         print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(x, widths))))
+    fm = next((e for e in results if e["engine"] == "fastmode"), None)
+    if fm:
+        print(f"fastmode kernels: {fm.get('kernels', '?')}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -386,7 +469,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--npp", type=int, default=128, help="prompt tokens per sequence (default 128)")
     p.add_argument("--ntg", type=int, default=128, help="decoded tokens per sequence (default 128)")
     p.add_argument("--batches", default="1,16", help="concurrent sequences, comma-separated (default 1,16)")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats per point; the median is reported")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds: every engine once per round, the order alternating (ABBA); medians over rounds (default 3)")
+    p.add_argument("--repeats", type=int, default=1, help="timed repeats per point within a round (median; default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fastmode-weights", default="native", choices=["native", "native-int8", "dequantize"],
                    help="fastmode's EngineConfig.weights (default: native, what LLM() uses)")
@@ -402,6 +487,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llama-ngl", type=int, help="llama.cpp: -ngl (GPU layers) for a CUDA build; default: not passed")
     p.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--timeout-s", type=float, default=3600, help="limit on each engine's subprocess")
+    p.add_argument("--wait-load", type=float, default=None,
+                   help="before measuring, wait until the 1-minute load average is below this (default: no wait)")
+    p.add_argument("--wait-load-s", type=float, default=1800, help="the longest --wait-load waits (default 1800)")
     p.add_argument("--out", default=str(ROOT / "runs" / "peers" / "peers.json"))
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -410,8 +498,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = args.skip_set - set(ENGINES)
     if unknown:
         p.error(f"--skip: unknown peer(s) {sorted(unknown)}; choose from {', '.join(ENGINES)}")
-    if args.ntg < 1 or args.npp < 1 or args.repeats < 1 or not args.batch_list or min(args.batch_list) < 1:
-        p.error("--npp, --ntg, --repeats and --batches must be positive")
+    if args.ntg < 1 or args.npp < 1 or args.repeats < 1 or args.rounds < 1 or not args.batch_list or min(args.batch_list) < 1:
+        p.error("--npp, --ntg, --repeats, --rounds and --batches must be positive")
     # What a worker subprocess needs to see the same settings.
     args.passthrough = ["--threads", str(args.threads), "--npp", str(args.npp), "--ntg", str(args.ntg),
                         "--batches", args.batches, "--repeats", str(args.repeats), "--seed", str(args.seed),
@@ -425,6 +513,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def wait_for_quiet(max_load: float | None, limit_s: float) -> dict:
+    """Before measuring: wait until the 1-minute load average is below `max_load` (other work on a
+    shared machine skews every figure), checking every 15 s for at most `limit_s`."""
+    if not max_load:
+        return {"waited_s": 0, "load_1min": os.getloadavg()[0], "quiet": None}
+    t0 = time.monotonic()
+    while (load := os.getloadavg()[0]) >= max_load and time.monotonic() - t0 < limit_s:
+        print(f"   waiting for a quiet machine: 1-min load {load:.2f} >= {max_load:g}", flush=True)
+        time.sleep(15)
+    quiet = load < max_load
+    if not quiet:
+        print(f"warning: measuring at a 1-min load of {load:.2f} (>= {max_load:g} after {limit_s:.0f} s of waiting): "
+              "other work shares the CPU, the figures are skewed", file=sys.stderr, flush=True)
+    return {"waited_s": round(time.monotonic() - t0), "load_1min": load, "quiet": quiet}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model = Path(args.model).expanduser().resolve() if args.model else default_model()
@@ -435,46 +539,63 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from benchmarks.common import machine, write_json
+    from benchmarks.kernels import cpu_description
 
-    mach = machine()
-    results, skipped = [], {}
+    mach = machine() | cpu_description()
+    names, skipped = [], {}
     for name in ENGINES:
-        if name in args.skip_set:
-            skipped[name] = "--skip"
-            continue
-        why = availability(name, args)
+        why = "--skip" if name in args.skip_set else availability(name, args)
         if why:
             skipped[name] = why
-            print(f"{'vLLM' if name == 'vllm' else name}: {why}", flush=True)
-            continue
-        print(f"== {name}", flush=True)
-        t = time.perf_counter()
-        try:
-            res = run_llama_cpp(args, info) if name == "llama.cpp" else run_worker_subprocess(name, args)
-        except Exception as e:  # one peer failing must not lose the others
-            skipped[name] = f"failed: {type(e).__name__}: {e}"
-            print(f"{name}: FAILED: {e}", file=sys.stderr, flush=True)
-            continue
-        res["wall_s"] = round(time.perf_counter() - t, 1)
-        for r in res["rows"]:
-            print(f"   batch {r['batch']:>3}: decode {fmt(r['decode_tok_s'])} tok/s, "
-                  f"prefill {fmt(r['prefill_tok_s'])} tok/s", flush=True)
-        results.append(res)
+            if why != "--skip":
+                print(f"{'vLLM' if name == 'vllm' else name}: {why}", flush=True)
+        else:
+            names.append(name)
+    quiet = wait_for_quiet(args.wait_load, args.wait_load_s)
+    rounds: list[dict] = []
+    for rnd in range(args.rounds):
+        order = names if rnd % 2 == 0 else names[::-1]
+        this: dict = {"order": order, "results": {}, "load_1min": os.getloadavg()[0]}
+        try:  # the bandwidth the round's figures are compared with, measured in the round
+            this["dram_read_gbs"] = run_worker_subprocess("bandwidth", args)["dram_read_gbs"]
+            print(f"== round {rnd + 1} of {args.rounds}: DRAM read {this['dram_read_gbs']:.1f} GB/s", flush=True)
+        except Exception as e:  # noqa: BLE001 -- the figures stand without it
+            print(f"bandwidth: FAILED: {e}", file=sys.stderr, flush=True)
+        for name in order:
+            if name in skipped:  # failed in an earlier round
+                continue
+            print(f"== {name} (round {rnd + 1})", flush=True)
+            t = time.perf_counter()
+            try:
+                res = run_llama_cpp(args, info) if name == "llama.cpp" else run_worker_subprocess(name, args)
+            except Exception as e:  # one peer failing must not lose the others
+                skipped[name] = f"failed in round {rnd + 1}: {type(e).__name__}: {e}"
+                print(f"{name}: FAILED: {e}", file=sys.stderr, flush=True)
+                continue
+            res["wall_s"] = round(time.perf_counter() - t, 1)
+            for r in res["rows"]:
+                print(f"   batch {r['batch']:>3}: decode {fmt(r['decode_tok_s'])} tok/s, "
+                      f"prefill {fmt(r['prefill_tok_s'])} tok/s", flush=True)
+            this["results"][name] = res
+        rounds.append(this)
+    for r in rounds:  # a peer that failed in a later round is left out of every round
+        r["results"] = {k: v for k, v in r["results"].items() if k not in skipped}
+    results = combine_rounds(rounds, args, info)
 
-    print_table(results, mach, info, args)
+    print_table(results, rounds, mach, info, args)
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
-    base = {r["batch"]: r["decode_tok_s"] for e in results if e["engine"] == "llama.cpp" for r in e["rows"]}
-    for e in results:
-        for r in e["rows"]:
-            ref = base.get(r["batch"])
-            r["vs_llama_cpp"] = r["decode_tok_s"] / ref if ref and r["decode_tok_s"] else None
+    bws = [r["dram_read_gbs"] for r in rounds if r.get("dram_read_gbs")]
     out = write_json(args.out, {
-        "benchmark": "peers", "machine": mach, "model": info,
+        "benchmark": "peers", "machine": mach, "model": info, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "settings": {"threads": args.threads, "npp": args.npp, "ntg": args.ntg, "batches": args.batch_list,
-                     "repeats": args.repeats, "seed": args.seed, "llama_cpp_dir": str(args.llama_cpp_dir)},
-        "results": results, "skipped": skipped,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                     "rounds": args.rounds, "repeats": args.repeats, "seed": args.seed,
+                     "llama_cpp_dir": str(args.llama_cpp_dir)},
+        "dram_read_gbs": statistics.median(bws) if bws else None, "quiet_start": quiet,
+        "results": results,
+        "rounds": [{"order": r["order"], "dram_read_gbs": r.get("dram_read_gbs"), "load_1min": r["load_1min"]}
+                   for r in rounds],
+        "skipped": skipped, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     })
     print(f"results: {out}")
     return 0 if results else 1
