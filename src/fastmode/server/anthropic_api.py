@@ -117,6 +117,8 @@ async def count_tokens(request: Request) -> dict:
         data = await request.json()
     except ValueError as e:
         raise ApiError("invalid_request", f"the request body is not valid JSON: {e}") from e
+    except RecursionError:
+        raise ApiError("invalid_request", "the request body nests too deeply") from None
     if not isinstance(data, dict):
         raise ApiError("invalid_request", "the request body must be a JSON object")
     try:
