@@ -15,7 +15,7 @@ of the batch policy with `--force`; by default the engine's policy decides
     .venv/bin/python benchmarks/speculative.py --batches 1 --draft-model layers:8
 
 It also measures the Spark model on its own against the teacher (plain decoding,
-same prompts, same batch sizes): the seeds' "smaller, faster, weaker" route.
+same prompts, same batch sizes): the "smaller, faster, weaker" route of OpenAI's fast mode.
 
 At batch 1 it also prints the n-gram ceiling: the speed-up of the decode steps
 (prefill excluded) that a policy knowing the future would reach with prompt

@@ -127,7 +127,7 @@ def plot(results: list[dict], path: Path) -> None:
     b.plot([r["price_ratio"] for r in rows], [r["speed_ratio"] for r in rows], "o-")
     for r in rows:
         b.annotate(str(r["lane"]), (r["price_ratio"], r["speed_ratio"]))
-    b.scatter([6.0], [2.5], marker="*", s=150, color="red", label="seeds: 2.5x for 6x")
+    b.scatter([6.0], [2.5], marker="*", s=150, color="red", label="Anthropic fast mode: 2.5x for 6x")
     b.set_xlabel("fast / standard price per Mtok")
     b.set_ylabel("fast / standard output tok/s")
     b.set_title("The trade-off curve")
@@ -172,7 +172,7 @@ def main() -> None:
         if lane == "off":
             base = s
         if base and f["otps_mean"] and base["otps_mean"]:
-            # Against what a standard user gets with no lane: the seeds' "65 -> 170 tok/s" comparison.
+            # Against what a standard user gets with no lane: Anthropic fast mode's "65 -> 170 tok/s" comparison.
             r["speed_vs_off"] = f["otps_mean"] / base["otps_mean"]
             r["price_vs_off"] = f["usd_per_mtok"] / base["usd_per_mtok"]
         fmt = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731

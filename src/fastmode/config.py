@@ -1,7 +1,7 @@
 """Configuration dataclasses, one per layer, validated once.
 
-`ModelConfig` describes a Llama-family checkpoint (what the loaders produce);
-`EngineConfig` describes how the engine runs it. Neither imports torch.
+`ModelConfig` describes a Llama-family checkpoint (what the loaders produce); how the
+engine runs it is `fastmode.engine.config.EngineConfig`. Neither imports torch.
 """
 
 from __future__ import annotations

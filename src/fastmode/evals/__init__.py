@@ -1,7 +1,7 @@
 """Quality evaluation: does the fast route still give correct answers?
 
-The seeds' point is that speed is worth nothing without correctness: a step
-that succeeds with probability p succeeds n times in a row with p^n. This
+The point of the articles on Anthropic's and OpenAI's fast modes is that speed is worth
+nothing without correctness: a step that succeeds with probability p succeeds n times in a row with p^n. This
 package measures p for the teacher, the distilled Spark student and the
 teacher with speculative decoding, on a small suite written for this project:
 

@@ -88,7 +88,7 @@ def chain_success(p: Proportion, num_steps: int = 10) -> ChainSuccess:
     x -> x^n is increasing on [0, 1], so mapping the endpoints of a 95%
     interval for p gives a 95% interval for p^n: the event "p in [lo, hi]" is
     the same event as "p^n in [lo^n, hi^n]". This assumes independent steps of
-    equal difficulty, the seeds' simplification, not a property of real
+    equal difficulty, the fast-mode articles' simplification, not a property of real
     agent pipelines.
     """
     return ChainSuccess(num_steps, p.value**num_steps, p.low**num_steps, p.high**num_steps)

@@ -1,7 +1,8 @@
 """Steady-state decode at a fixed batch: the numbers a price sheet is made of.
 
 Every sequence in the batch is assumed to sit at the same context length (the
-average over its decode), which is what the seeds' bus picture needs:
+average over its decode), which is what the fast-mode articles' bus picture needs (a bus
+that leaves at once is faster per rider and dearer):
 
     per-user tok/s  = tokens per step per sequence / t_step
     aggregate tok/s = batch * microbatches in flight * per-user tok/s

