@@ -221,8 +221,9 @@ def main() -> None:
 
     loaded = load_model(None)
     amx = k.amx_unavailable_reason()
-    print(f"machine: {machine()}  model: {loaded.name} ({loaded.weight_format})  kernels: fp32 path "
-          f"{k.fp32_lanes()} lanes, AMX {f'from {k.direct_max_rows() + 1} rows' if not amx else 'off: ' + amx}")
+    print(f"machine: {cpu_line(cpu_description())}; {machine()}")
+    print(f"model: {loaded.name} ({loaded.weight_format})  kernels: {k.isa()}, fp32 path {k.fp32_lanes()} lanes, "
+          f"int8 dot {k.int8_dot()}, AMX {f'from {k.direct_max_rows() + 1} rows' if not amx else 'off: ' + amx}")
     with torch.inference_mode():
         bench_matmuls(k, linears(loaded.model), [int(r) for r in args.rows.split(",")], args.repeats, args.int8_activations)
         bench_attention(k, args.repeats)

@@ -308,22 +308,31 @@ def fmt(x: float | None, nd: int = 1) -> str:
 def print_tables(res: dict, args: argparse.Namespace) -> None:
     from benchmarks.common import machine
 
+    from benchmarks.kernels import cpu_line, roofline_tok_s
+
     m = res["machine"] if "machine" in res else machine()
     print()
-    print(f"machine: {m['cpu']} ({m['isa']}), {m['cores']} cores; servers get --threads {args.threads}; "
-          f"the load generator shares the machine")
+    line = cpu_line(m) if "simd_flags" in m else f"{m['cpu']} ({m['isa']}), {m['cores']} cores"
+    print(f"machine: {line}; servers get --threads {args.threads}; the load generator shares the machine")
+    bw = res.get("dram_read_gbs")
+    context = args.input_len + args.max_tokens / 2
+    roof = roofline_tok_s(bw, res["model"]["path"], args.concurrency, context) if bw else None
+    print(f"DRAM read bandwidth (--threads threads, this run): {fmt(bw)} GB/s; memory roofline at "
+          f"{args.concurrency} sequences of ~{context:.0f} tokens: {fmt(roof, 0)} tok/s")
     print(f"model:   {res['model']['path']} ({res['model']['quant']})")
     print(f"load:    closed loop, {args.concurrency} clients, prompts ~{args.input_len} tokens (synthetic), "
           f"{args.max_tokens} output tokens (ignore_eos), greedy, /v1/{args.endpoint.replace('chat', 'chat/completions')}")
     peers = res["peers"]
     ref = next((p["summary"]["output_tok_s"] for p in peers if p["server"] == "llama-server"), None)
-    header = ("server", "precision", "clients", "ok/sent", "out tok/s", "tok/s/req p50", "TTFT p50 s", "vs llama-server")
+    header = ("server", "precision", "clients", "ok/sent", "out tok/s", "of roofline", "tok/s/req p50", "TTFT p50 s",
+              "vs llama-server")
     rows = []
     for p in peers:
         s = p["summary"]
         ratio = f"{s['output_tok_s'] / ref:.2f}x" if ref and s["output_tok_s"] else "-"
+        of_roof = f"{100 * s['output_tok_s'] / roof:.0f}%" if roof and s["output_tok_s"] else "-"
         rows.append((p["server"], p["precision"], str(args.concurrency), f"{s['completed']}/{s['num_requests']}",
-                     fmt(s["output_tok_s"]), fmt(s["tok_s_per_request_p50"]), fmt(s["ttft_p50_s"], 3), ratio))
+                     fmt(s["output_tok_s"]), of_roof, fmt(s["tok_s_per_request_p50"]), fmt(s["ttft_p50_s"], 3), ratio))
     _print_rows(header, rows)
     per_round = {p["server"]: [r["summary"]["output_tok_s"] for r in p.get("rounds", [])] for p in peers}
     if len(per_round) == 2 and min(len(v) for v in per_round.values()) > 1:
@@ -405,8 +414,17 @@ def main(argv: list[str] | None = None) -> int:
     out_path = Path(args.out)
     logs = out_path.parent / "logs"
     work = Path(tempfile.mkdtemp(prefix="peers_http-"))
-    res: dict = {"benchmark": "peers_http", "machine": machine(), "model": info, "settings": {
+    from benchmarks.kernels import cpu_description
+
+    res: dict = {"benchmark": "peers_http", "machine": machine() | cpu_description(), "model": info, "settings": {
         k: v for k, v in vars(args).items() if k not in ("out",)}, "peers": [], "fast_tier": None, "skipped": {}}
+    try:  # the bandwidth the roofline uses, measured in this run before the servers start
+        bw = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--worker", "bandwidth",
+                             "--threads", str(args.threads)], capture_output=True, text=True, timeout=600, check=False)
+        line = next(ln for ln in reversed(bw.stdout.splitlines()) if ln.startswith("PEERS_RESULT "))
+        res["dram_read_gbs"] = json.loads(line.removeprefix("PEERS_RESULT "))["dram_read_gbs"]
+    except (StopIteration, ValueError, subprocess.TimeoutExpired) as e:
+        print(f"bandwidth: not measured ({type(e).__name__})", file=sys.stderr)
 
     fastmode_precision = "see its log"
     try:  # a label: what `fastmode serve` runs by default on this machine
