@@ -15,6 +15,7 @@ from websockets.sync.client import connect
 from fastmode.server.config import API_KEY_ENV, ServerConfig, api_key_from_env
 from fastmode.server.conversation import ResponseStore, Turn, turn_bytes
 from fastmode.server.errors import install_error_handlers
+from fastmode.server.origin import OriginGuard
 from tests.server.conftest import serve
 
 
@@ -170,3 +171,21 @@ def test_store_false_is_not_stored(server, http):
                                                        "temperature": 0, "store": False})
     assert r.status_code == 200
     assert http.get(server.url + "/v1/responses/" + r.json()["id"]).status_code == 404
+
+
+def test_origin_guard_rules():
+    def scope(kind="http", **headers):
+        return {"type": kind, "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+
+    open_guard = OriginGuard(None, ServerConfig())
+    assert open_guard.refusal(scope()) is None  # no Host: no browser sent it
+    for host in ("127.0.0.1:8000", "localhost", "[::1]:8000", "app.localhost:3000", "127.0.0.2"):
+        assert open_guard.refusal(scope(host=host)) is None, host
+    for host in ("evil.example", "192.168.1.5:8000", "localhost.evil.example"):
+        assert "Host" in open_guard.refusal(scope(host=host)), host
+    assert "Origin" in open_guard.refusal(scope(host="localhost", origin="null"))
+    assert open_guard.refusal(scope(host="localhost", origin="http://[::1]:5173")) is None
+    keyed = OriginGuard(None, ServerConfig(api_key="k", allowed_origins=("https://app.example",)))
+    assert keyed.refusal(scope(host="evil.example", origin="https://evil.example")) is None  # HTTP: CORS decides
+    assert "Origin" in keyed.refusal(scope("websocket", host="x", origin="https://evil.example"))
+    assert keyed.refusal(scope("websocket", host="x", origin="https://APP.example/")) is None

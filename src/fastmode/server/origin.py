@@ -63,8 +63,8 @@ class OriginGuard:
     def refusal(self, scope: Scope) -> str | None:
         """Why this request is refused, or None."""
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in (b"host", b"origin")}
-        if self.open:
-            host = _host_name(headers.get("host", ""))
+        if self.open and "host" in headers:  # browsers always send Host; a request without one is no page's
+            host = _host_name(headers["host"])
             if not (is_loopback(host) or "*" in self.hosts or host.lower() in self.hosts):
                 return (f"the Host {clip(host)!r} is not served: without an API key this server answers loopback "
                         "names only (allow others with --allowed-hosts)")
