@@ -65,7 +65,8 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class FlatField:
-    """A field of one of EngineConfig's parts under its flat name (keyword and CLI flag)."""
+    """A setting of EngineConfig (a field of one of its parts, or its own) under its flat name:
+    the keyword EngineConfig(...) takes and the CLI flag."""
 
     name: str
     part: str | None  # the EngineConfig field holding it; None: a field of EngineConfig itself
