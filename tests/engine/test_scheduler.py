@@ -337,3 +337,23 @@ def test_accepted_drafts_crossing_a_block_register_the_real_tokens_in_the_prefix
     before = s.block_manager.num_prefix_hits
     step(s, 3.0)
     assert s.block_manager.num_prefix_hits - before == 2
+
+
+def test_a_block_completed_by_drafts_in_the_final_step_stays_in_the_prefix_cache():
+    """When accepted drafts complete a block and the same step finishes the request, the block is
+    registered before finish frees it: the next turn of the conversation hits it."""
+    bs = 4
+    s = Scheduler(SchedulerConfig(num_blocks=64, block_size=bs, fast_lane_max_batch=None))
+    prompt = [101, 102, 103, 104, 105, 106]  # 1.5 blocks
+    s.add(make("a", prompt=prompt, max_tokens=5))
+    step(s)  # prefill + first token: 7 tokens, one block registered
+    seq = s.running[0]
+    seq.draft_token_ids = [8, 9, 10]  # all accepted plus a bonus token: max_tokens reached this step
+    out = s.schedule(1.0)
+    s.update_from_output(out, {"a": [8, 9, 10, 11]}, 1.0)
+    assert seq.is_finished and seq.length_limit is LengthLimit.MAX_TOKENS
+    assert free_ok(s)
+    s.add(make("b", prompt=seq.token_ids[: 2 * bs] + [1], max_tokens=2))
+    before = s.block_manager.num_prefix_hits
+    step(s, 2.0)
+    assert s.block_manager.num_prefix_hits - before == 2

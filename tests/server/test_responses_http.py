@@ -119,12 +119,9 @@ def test_previous_response_id_reuses_the_prefix(server, client):
 
 
 def test_forced_call_then_tool_result(server, client):
-    # Speculation off for the first turn: the cache assertion below counts full blocks, and a
-    # block that drafts accepted in a request's final step complete is not registered in the
-    # prefix cache (Scheduler.update_from_output commits before appending them).
     first = client.responses.create(model=server.model, input="Weather in Rome?", tools=[WEATHER],
                                     tool_choice="required", parallel_tool_calls=False, max_output_tokens=300,
-                                    temperature=0.8, service_tier="priority", extra_body={"speculative": "off"})
+                                    temperature=0.8, service_tier="priority")
     assert first.status == "completed" and first.service_tier == "priority"
     [call] = first.output
     assert call.type == "function_call" and call.status == "completed" and call.name == "get_weather"

@@ -359,5 +359,8 @@ class Scheduler:
             if reason is not None:
                 # KV of tokens past a stop is discarded with the rest of the sequence.
                 seq.num_computed_tokens = min(seq.num_computed_tokens, len(seq) - 1)
+                # Drafts accepted this step may have completed a block that update_from_output could not
+                # hash yet (their tokens were not appended): register it before finish frees the blocks.
+                self.block_manager.commit(seq)
                 self.finish(seq, reason, now_s)
                 return
