@@ -114,7 +114,7 @@ def break_even_batch(target: "CostModel", context_len: int, spec: SpecConfig,
     Speed-up falls as the batch grows (the verify step turns compute-bound and
     costs about k+1 plain steps), so the batches where it pays form a prefix
     1..B; B is found by bisection. The engine stops speculating above it
-    (`EngineConfig.speculative_max_batch`; `fastmode calibrate` prints it).
+    (`SpecConfig.max_batch`, flag `--speculative-max-batch`; `fastmode calibrate` prints it).
     """
     def pays(b: int) -> bool:
         return spec_cycle(target, [context_len] * b, spec, draft).speedup >= 1.0
