@@ -6,6 +6,11 @@ asked), with its trailing `# comment` as help and `choices` from its metadata. A
 composed config (EngineConfig) lists its settings under flat names through
 `flat_fields()`; others list their own fields. So a new config field is a new
 flag without touching any command.
+
+A field without a default is a required flag. Field metadata may also carry
+`aliases` (more flag names, e.g. a short legacy one), `parse` (a converter for
+values that are not int, float or str; it may raise argparse.ArgumentTypeError),
+`metavar`, and `choices` as a callable when the list is only known at run time.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ def _comments(cls: type) -> dict[str, str]:
     return {m[1]: m[2].strip() for m in re.finditer(r"^\s+(\w+):[^#\n]*#\s*(.+)$", src, re.M)}
 
 
-def _parser_for(tp: Any, repeated: bool):
+def _parser_for(tp: Any, repeated: bool, custom: Any = None):
     """(argparse type callable, is_bool) for a field annotation such as `int | None`."""
+    if custom is not None:
+        return custom, False
     args = typing.get_args(tp)
     optional = type(None) in args
     base = next((a for a in args if a is not type(None)), tp) if args else tp
@@ -59,7 +66,7 @@ def _settings(cls: type) -> list[tuple[str, tuple[str, ...], type, dataclasses.F
     """(flat name, aliases, declaring class, field) for each setting of `cls`."""
     if hasattr(cls, "flat_fields"):
         return [(f.name, f.aliases, f.owner, f.field) for f in cls.flat_fields()]
-    return [(f.name, (), cls, f) for f in dataclasses.fields(cls)]
+    return [(f.name, tuple(f.metadata.get("aliases", ())), cls, f) for f in dataclasses.fields(cls)]
 
 
 def add_dataclass_args(
@@ -84,21 +91,25 @@ def add_dataclass_args(
         if name in skip or (only is not None and name not in only):
             continue
         repeated = name in repeatable
-        parse, is_bool = _parser_for(typing.get_type_hints(owner)[f.name], repeated)
+        parse, is_bool = _parser_for(typing.get_type_hints(owner)[f.name], repeated, f.metadata.get("parse"))
         flags = ["--" + n.replace("_", "-") for n in (name, *aliases)]
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        default = defaults.get(name, default)
-        shown = (",".join(default) or "none") if isinstance(default, tuple) else default
+        required = default is dataclasses.MISSING and name not in defaults
+        default = None if required else defaults.get(name, default)
+        shown = (",".join(map(str, default)) or "none") if isinstance(default, tuple) else default
         note = _comments(owner).get(f.name, "")
-        help_text = f"{note} (default: {shown})" if note else f"default: {shown}"
+        help_text = note if required else f"{note} (default: {shown})" if note else f"default: {shown}"
         choices = f.metadata.get("choices")
+        choices = choices() if callable(choices) else choices
+        extra = {"metavar": f.metadata["metavar"]} if "metavar" in f.metadata else {}
         if is_bool:
             group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         elif repeated:
             group.add_argument(*flags, dest=name, type=parse, action="append", default=list(default or ()),
-                               choices=choices, help=f"{help_text}; repeat the flag for more")
+                               choices=choices, help=f"{help_text}; repeat the flag for more", **extra)
         else:
-            group.add_argument(*flags, dest=name, type=parse, default=default, choices=choices, help=help_text)
+            group.add_argument(*flags, dest=name, type=parse, default=default, choices=choices, required=required,
+                               help=help_text, **extra)
 
 
 def pick(cls: type, args: argparse.Namespace) -> dict[str, Any]:

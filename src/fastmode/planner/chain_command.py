@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, field
+
+from fastmode.commands.flags import add_dataclass_args
+from fastmode.planner.chain import Mode
 
 
-def _parse_mode(text: str):
-    from fastmode.planner.chain import Mode
-
+def _parse_mode(text: str) -> Mode:
     parts = text.split(":")
     if len(parts) != 4:
         raise argparse.ArgumentTypeError("mode must be NAME:P_STEP:TOK_S:USD_PER_MTOK")
@@ -29,17 +31,25 @@ def _parse_mode(text: str):
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+_parse_mode.__name__ = "mode"  # argparse names the type in its error messages
+
+
+@dataclass(frozen=True)
+class ChainOptions:
+    """What `fastmode chain` compares; each field is one flag."""
+
+    steps: int = 10  # pipeline length n
+    mode: tuple[Mode, ...] = field(default=(), metadata={"parse": _parse_mode, "metavar": "NAME:P:TOK_S:USD_PER_MTOK"})  # a mode to compare; none given: the fast-mode articles' Opus 4.6 standard and fast, and Codex-Spark
+    strategy: str = field(default="all", metadata={"choices": ("pipeline", "restart", "step", "all")})  # retry strategy to price, or all of them
+    tokens_per_step: int = 1000  # output tokens per step
+    latency_s: float = 0.0  # per-step TTFT + round trip (s)
+    json: bool = False  # print one JSON object
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("chain", help="reliability calculator: p^n, time and cost to a correct result",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=10, help="pipeline length n (default 10)")
-    p.add_argument("--mode", action="append", type=_parse_mode, metavar="NAME:P:TOK_S:USD_PER_MTOK",
-                   help="a mode to compare (repeatable); default: the fast-mode articles' Opus 4.6 "
-                        "standard and fast, and Codex-Spark")
-    p.add_argument("--strategy", choices=("pipeline", "restart", "step", "all"), default="all")
-    p.add_argument("--tokens-per-step", type=int, default=1000, help="output tokens per step")
-    p.add_argument("--latency-s", type=float, default=0.0, help="per-step TTFT + round trip (s)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_dataclass_args(p, ChainOptions, repeatable=("mode",), title="chain")
     p.set_defaults(func=run)
 
 
