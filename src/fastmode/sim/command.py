@@ -14,50 +14,65 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fastmode.commands.flags import add_dataclass_args
+from fastmode.planner.catalog import hardware_names, model_names
+from fastmode.planner.weight_format import FORMATS
+
+
+@dataclass(frozen=True)
+class SimulateOptions:
+    """What `fastmode simulate` runs: machine, scheduler and workload; each field is one flag."""
+
+    model: str = field(default="llama-3.1-8b", metadata={"choices": model_names})  # catalog model
+    hardware: str = field(default="h100", metadata={"choices": hardware_names})  # catalog hardware
+    tp: str = "auto"  # devices the model is split over, or 'auto' (fewest that hold the weights)
+    weight_format: str | None = field(default=None, metadata={"aliases": ("format",), "choices": lambda: sorted(FORMATS)})  # weight storage (none: the calibration file's, else the model's)
+    kv_dtype_bytes: float = 2.0  # bytes per KV element
+    calibration: str | None = None  # calibration JSON applied to the hardware (fastmode calibrate writes one)
+    usd_per_hour: float | None = None  # per device-hour (none: the catalog's)
+    fast_lane_max_batch: str = "4"  # batch cap while fast work exists, or 'none'
+    max_num_seqs: int = 64  # resident sequences (holding KV) at once
+    max_num_batched_tokens: int = 512  # tokens per step: bounds prefill chunks
+    block_size: int = 16  # tokens per KV block
+    aging_s: float = 60.0  # waiting this long promotes a request one tier for admission; 0 disables aging
+    kv_cache_gib: float | None = None  # KV cache size (none: all memory the weights leave)
+    prefix_caching: bool = True  # reuse cached KV blocks of shared prompt prefixes
+    step_jitter_cv: float = 0.0  # spread each step's time by a mean-1 lognormal factor of this coefficient of variation (seeded by --seed): a shared machine's step-to-step noise
+    workload: str | None = None  # JSONL workload file (replaces the generated one)
+    save_workload: str | None = None  # write the generated workload here as JSONL
+    num_requests: int = 1000  # requests generated
+    rate: float = 8.0  # mean requests/s
+    arrival: str = field(default="poisson", metadata={"choices": ("poisson", "gamma", "onoff")})  # arrival process
+    burstiness: float = 2.0  # gamma: coefficient of variation of inter-arrival times
+    on_s: float = 10.0  # onoff: seconds of arrivals per burst
+    off_s: float = 10.0  # onoff: quiet seconds between bursts
+    prompt_len: str = "512"  # prompt tokens: N, uniform:LO:HI or lognormal:MEAN:SIGMA[:MAX]
+    output_len: str = "128"  # output tokens: N, uniform:LO:HI or lognormal:MEAN:SIGMA[:MAX]
+    tier_mix: str = "fast=0.1,standard=0.8,flex=0.1"  # share of requests per tier
+    seed: int = 0  # seed of the generated workload and the step jitter
+    json: bool = False  # print one JSON object
+
+
+_GROUPS = {
+    "machine": ("model", "hardware", "tp", "weight_format", "kv_dtype_bytes", "calibration", "usd_per_hour"),
+    "scheduler (defaults are the engine's)": (
+        "fast_lane_max_batch", "max_num_seqs", "max_num_batched_tokens", "block_size", "aging_s", "kv_cache_gib",
+        "prefix_caching", "step_jitter_cv"),
+    "workload": ("workload", "save_workload", "num_requests", "rate", "arrival", "burstiness", "on_s", "off_s",
+                 "prompt_len", "output_len", "tier_mix", "seed"),
+    "output": ("json",),
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("simulate", help="simulate the real scheduler on a hardware cost model",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from fastmode.planner.catalog import hardware_names, model_names
-    from fastmode.planner.weight_format import FORMATS
-
-    g = p.add_argument_group("machine")
-    g.add_argument("--model", default="llama-3.1-8b", choices=model_names())
-    g.add_argument("--hardware", default="h100", choices=hardware_names())
-    g.add_argument("--tp", default="auto", help="devices the model is split over, or 'auto' (fewest that hold the weights)")
-    g.add_argument("--format", dest="weight_format", choices=sorted(FORMATS),
-                   help="weight storage (default: the calibration file's, else the model's)")
-    g.add_argument("--kv-dtype-bytes", type=float, default=2.0)
-    g.add_argument("--calibration", help="calibration JSON applied to the hardware (fastmode calibrate writes one)")
-    g.add_argument("--usd-per-hour", type=float, help="per device-hour (default: the catalog's)")
-    g = p.add_argument_group("scheduler (defaults are the engine's)")
-    g.add_argument("--fast-lane-max-batch", default="4", help="batch cap while fast work exists, or 'none'")
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--max-num-batched-tokens", type=int, default=512)
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--aging-s", type=float, default=60.0, help="0 disables aging")
-    g.add_argument("--kv-cache-gib", type=float, help="KV cache size (default: all memory the weights leave)")
-    g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--step-jitter-cv", type=float, default=0.0,
-                   help="spread each step's time by a mean-1 lognormal factor of this coefficient of variation "
-                        "(seeded by --seed): a shared machine's step-to-step noise (default 0)")
-    g = p.add_argument_group("workload")
-    g.add_argument("--workload", help="JSONL workload file (replaces the generated one)")
-    g.add_argument("--save-workload", help="write the generated workload here as JSONL")
-    g.add_argument("--num-requests", type=int, default=1000)
-    g.add_argument("--rate", type=float, default=8.0, help="mean requests/s")
-    g.add_argument("--arrival", default="poisson", choices=["poisson", "gamma", "onoff"])
-    g.add_argument("--burstiness", type=float, default=2.0, help="gamma: coefficient of variation of inter-arrival times")
-    g.add_argument("--on-s", type=float, default=10.0, help="onoff: seconds of arrivals per burst")
-    g.add_argument("--off-s", type=float, default=10.0, help="onoff: quiet seconds between bursts")
-    g.add_argument("--prompt-len", default="512")
-    g.add_argument("--output-len", default="128")
-    g.add_argument("--tier-mix", default="fast=0.1,standard=0.8,flex=0.1")
-    g.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    for title, names in _GROUPS.items():
+        add_dataclass_args(p, SimulateOptions, only=names, title=title)
     p.set_defaults(func=run)
 
 
@@ -99,7 +114,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         num_blocks=kv_cache_blocks(cm, args.block_size, args.kv_cache_gib), block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         fast_lane_max_batch=lane, aging_s=args.aging_s or None, max_model_len=model.max_context_tokens,
-        enable_prefix_caching=not args.no_prefix_caching)
+        enable_prefix_caching=args.prefix_caching)
     usd_device = args.usd_per_hour if args.usd_per_hour is not None else (hw.usd_per_hour or 0.0)
     usd_machine = usd_device * cm.num_devices
     workload, wl_info = build_workload(args)
