@@ -14,46 +14,70 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
+from fastmode.commands.flags import add_dataclass_args
+from fastmode.planner.catalog import hardware_names, model_names
+from fastmode.planner.weight_format import FORMATS
+
 TIERS = ("fast", "standard", "flex")
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What `fastmode plan` evaluates; each field is one flag."""
+
+    model: str = field(metadata={"choices": model_names})  # catalog model
+    hardware: str = field(default="h100", metadata={"choices": hardware_names})  # catalog hardware
+    tp: str = "auto"  # devices the model is split over, or 'auto' (fewest that fit)
+    weight_format: str | None = field(default=None, metadata={"aliases": ("format",), "choices": lambda: sorted(FORMATS)})  # weight storage format (none: the model's)
+    dtype_bytes: float | None = None  # store every tensor at this many bytes/param (overrides --format)
+    kv_dtype_bytes: float = 2.0  # bytes per KV element
+    batch: int = 1  # sequences decoding together
+    context: int = 4096  # mean context tokens per sequence while decoding
+    calibration: str | None = None  # calibration JSON overriding the hardware's efficiencies (docs/planner.md)
+    usd_per_hour: float | None = None  # price per device-hour, overriding the catalog
+    spec: bool = False  # evaluate with speculative decoding
+    spec_acceptance: float = 0.7  # per-token acceptance rate a
+    spec_draft_len: int = 4  # draft tokens k per verify
+    spec_draft_cost: float = 0.05  # draft/target per-token cost ratio c
+    sweep: bool = False  # add the bus curve (batch 1..--max-batch)
+    max_batch: int = 256  # largest batch of the bus curve and the fleet search
+    plot_dir: str | None = None  # write bus_curve.png and frontier.png here
+    prompt_tokens: int = 2000  # mean prompt tokens (all tiers)
+    output_tokens: int = 500  # mean output tokens (all tiers)
+    ttft_quantile: float = 0.9  # quantile of TTFT the fleet's SLOs hold at
+    max_utilization: float = 0.85  # busiest a replica may run
+    fast_rps: float = 0.0  # fast requests/s
+    fast_min_tok_s: float = 0.0  # fast per-user tok/s SLO
+    fast_max_ttft_s: float = math.inf  # fast TTFT SLO (s)
+    standard_rps: float = 0.0  # standard requests/s
+    standard_min_tok_s: float = 0.0  # standard per-user tok/s SLO
+    standard_max_ttft_s: float = math.inf  # standard TTFT SLO (s)
+    flex_rps: float = 0.0  # flex requests/s
+    flex_min_tok_s: float = 0.0  # flex per-user tok/s SLO
+    flex_max_ttft_s: float = math.inf  # flex TTFT SLO (s)
+    json: bool = False  # print one JSON object
+
+
+_GROUPS = {
+    "machine and load": ("model", "hardware", "tp", "weight_format", "dtype_bytes", "kv_dtype_bytes", "batch",
+                         "context", "calibration", "usd_per_hour"),
+    "speculative decoding": ("spec", "spec_acceptance", "spec_draft_len", "spec_draft_cost"),
+    "sweeps and plots": ("sweep", "max_batch", "plot_dir"),
+    "fleet recommendation (any --TIER-rps > 0 turns it on)": (
+        "prompt_tokens", "output_tokens", "ttft_quantile", "max_utilization",
+        *(f"{t}_{x}" for t in TIERS for x in ("rps", "min_tok_s", "max_ttft_s"))),
+    "output": ("json",),
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plan", help="predict speed and price of a model on a hardware (cost model)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from fastmode.planner.catalog import hardware_names, model_names
-    from fastmode.planner.weight_format import FORMATS
-
-    p.add_argument("--model", required=True, choices=model_names())
-    p.add_argument("--hardware", default="h100", choices=hardware_names())
-    p.add_argument("--tp", default="auto", help="devices the model is split over, or 'auto' (fewest that fit)")
-    p.add_argument("--format", dest="weight_format", choices=sorted(FORMATS), help="weight storage format (default: the model's)")
-    p.add_argument("--dtype-bytes", type=float, help="store every tensor at this many bytes/param (overrides --format)")
-    p.add_argument("--kv-dtype-bytes", type=float, default=2.0, help="bytes per KV element (default 2)")
-    p.add_argument("--batch", type=int, default=1, help="sequences decoding together (default 1)")
-    p.add_argument("--context", type=int, default=4096, help="mean context tokens per sequence while decoding")
-    p.add_argument("--calibration", help="calibration JSON overriding the hardware's efficiencies (docs/planner.md)")
-    p.add_argument("--usd-per-hour", type=float, help="price per device-hour, overriding the catalog")
-    g = p.add_argument_group("speculative decoding")
-    g.add_argument("--spec", action="store_true", help="evaluate with speculative decoding")
-    g.add_argument("--spec-acceptance", type=float, default=0.7, help="per-token acceptance rate a")
-    g.add_argument("--spec-draft-len", type=int, default=4, help="draft tokens k per verify")
-    g.add_argument("--spec-draft-cost", type=float, default=0.05, help="draft/target per-token cost ratio c")
-    g = p.add_argument_group("sweeps and plots")
-    g.add_argument("--sweep", action="store_true", help="add the bus curve (batch 1..--max-batch)")
-    g.add_argument("--max-batch", type=int, default=256)
-    g.add_argument("--plot-dir", help="write bus_curve.png and frontier.png here")
-    g = p.add_argument_group("fleet recommendation (any --TIER-rps > 0 turns it on)")
-    g.add_argument("--prompt-tokens", type=int, default=2000, help="mean prompt tokens (all tiers)")
-    g.add_argument("--output-tokens", type=int, default=500, help="mean output tokens (all tiers)")
-    g.add_argument("--ttft-quantile", type=float, default=0.9)
-    g.add_argument("--max-utilization", type=float, default=0.85)
-    for tier in TIERS:
-        g.add_argument(f"--{tier}-rps", type=float, default=0.0, help=f"{tier} requests/s")
-        g.add_argument(f"--{tier}-min-tok-s", type=float, default=0.0, help=f"{tier} per-user tok/s SLO")
-        g.add_argument(f"--{tier}-max-ttft-s", type=float, default=math.inf, help=f"{tier} TTFT SLO (s)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    for title, names in _GROUPS.items():
+        add_dataclass_args(p, PlanOptions, only=names, title=title)
     p.set_defaults(func=run)
 
 
