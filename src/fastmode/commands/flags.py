@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import inspect
 import re
+import types
 import typing
 from typing import Any
 
@@ -38,20 +39,20 @@ def _parser_for(tp: Any, repeated: bool, custom: Any = None):
     """(argparse type callable, is_bool) for a field annotation such as `int | None`."""
     if custom is not None:
         return custom, False
-    args = typing.get_args(tp)
+    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else ()
     optional = type(None) in args
     base = next((a for a in args if a is not type(None)), tp) if args else tp
     if base is bool:
         return None, True
-    if typing.get_origin(base) is tuple and not repeated:  # "a,b" -> ("a", "b")
-
-        def parse(text: str):
-            return tuple(t.strip() for t in text.split(",") if t.strip())
-
-        parse.__name__ = "list"
-        return parse, False
     item = typing.get_args(base)[0] if typing.get_origin(base) is tuple else base
     conv = item if item in (int, float, str) else str
+    if typing.get_origin(base) is tuple and not repeated:  # "a,b" -> ("a", "b"); "1,2" -> (1, 2) for ints
+
+        def parse(text: str):
+            return tuple(conv(t.strip()) for t in text.split(",") if t.strip())
+
+        parse.__name__ = f"list of {conv.__name__}"
+        return parse, False
 
     def parse(text: str):
         if optional and text.lower() in _NONE_WORDS:
@@ -113,5 +114,6 @@ def add_dataclass_args(
 
 
 def pick(cls: type, args: argparse.Namespace) -> dict[str, Any]:
-    """The settings of `cls` found in parsed flags, as keywords for `cls(...)`."""
-    return {name: getattr(args, name) for name, *_ in _settings(cls) if hasattr(args, name)}
+    """The settings of `cls` found in parsed flags, as keywords for `cls(...)` (a repeated flag's list as a tuple)."""
+    return {name: tuple(v) if isinstance(v := getattr(args, name), list) else v
+            for name, *_ in _settings(cls) if hasattr(args, name)}
