@@ -109,3 +109,17 @@ def test_sweep_units_spread_the_sweep_and_measure_what_measure_sweep_does(tiny_l
     key = lambda p: (p.kind, p.num_decodes, p.prefill_tokens, p.prefill_context)  # noqa: E731
     assert [key(p) for p in points] == [key(p) for p in direct] and all(p.step_s > 0 for p in points)
     assert {p.num_samples for p in points if p.kind == "decode"} == {3}
+
+
+def test_calibrate_flags_default_to_the_sweep_config():
+    """CalibrateOptions spells out SweepConfig's defaults (building the CLI must not import the engine)."""
+    from fastmode.calibrate.command import CalibrateOptions, sweep_from_args
+    from fastmode.calibrate.measure import SweepConfig
+    from fastmode.cli import build_parser
+
+    opts, sweep = CalibrateOptions(), SweepConfig()
+    assert (opts.batches, opts.contexts, opts.chunks, opts.repeats, opts.rounds, opts.threads, opts.clock) == (
+        sweep.batches, sweep.contexts, sweep.chunk_sizes, sweep.repeats, sweep.rounds, sweep.num_threads, sweep.clock)
+    args = build_parser().parse_args(["calibrate", "--batches", "1,4", "--contexts", "256", "--split-tokens", "auto"])
+    assert sweep_from_args(args).batches == (1, 4) and sweep_from_args(args).contexts == (256,)
+    assert args.split_tokens is None

@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
+from fastmode.commands.flags import add_dataclass_args
 
 
 def _split(text: str) -> int | None:
@@ -34,38 +33,44 @@ def _split(text: str) -> int | None:
     return n
 
 
+_split.__name__ = "auto|N"  # argparse names the type in its error messages
+
+
+@dataclass(frozen=True)
+class CalibrateOptions:
+    """What `fastmode calibrate` measures, fits and prices; each field is one flag.
+
+    The sweep's defaults are SweepConfig's (a test holds them equal); they are spelled out here
+    because SweepConfig's module imports the engine, and building the CLI must not import torch.
+    """
+
+    model: str | None = None  # HF directory or .gguf (none: embedded SmolLM2-135M-Instruct)
+    dtype: str = field(default="auto", metadata={"choices": ("auto", "bfloat16", "float32")})  # as the engine resolves it (auto: bf16 only where the CPU computes it natively)
+    hardware: str = "local"  # catalog entry the calibration applies to
+    batches: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 32, 64)  # decode batch sizes, comma-separated (12: just above the kernel switch at 8)
+    contexts: tuple[int, ...] = (32, 128, 512)  # decode context lengths (tokens), comma-separated
+    chunks: tuple[int, ...] = (32, 128, 512)  # prefill chunk sizes (tokens), comma-separated
+    repeats: int = 5  # timed steps per point (their mean is fitted)
+    rounds: int = 1  # passes over the whole sweep, each point's steps averaged over them: on a shared machine whose speed drifts, 2-4 spread a slow spell over every point
+    threads: int | None = None  # torch threads (none: torch's)
+    clock: str = field(default="wall", metadata={"choices": ("wall", "cpu")})  # time steps by wall clock, or by process CPU time (needs --threads 1; for shared machines)
+    quick: bool = False  # tiny sweep for tests: batches 1,2,4, contexts 16,32, chunks 8,32
+    out: str = "~/.cache/fastmode/calibration-local.json"  # calibration JSON to write
+    refit: str | None = field(default=None, metadata={"metavar": "FILE"})  # re-fit the points stored in a calibration file; measure nothing
+    split_tokens: int | None = field(default=None, metadata={"parse": _split, "metavar": "auto|N"})  # fit steps of at most N tokens apart from larger ones (0: one fit); auto (none): at the engine's kernel switch (8 tokens with GGUF blocks run natively), where the points allow
+    usd_per_hour: float | None = None  # machine price (none: the catalog's)
+    fast_lane_max_batch: int = 4  # the fast lane's batch cap priced against a standard batch
+    standard_batch: int = 64  # a full standard batch (engine max_num_seqs)
+    price_context: int | None = None  # context for prices (none: largest measured)
+    spec_acceptance: float = 0.6  # draft acceptance assumed for the speculation threshold
+    spec_draft_len: int = 4  # draft length k for the threshold
+    json: bool = False  # print one JSON object
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("calibrate", help="measure the engine on this machine and fit the cost model",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="HF directory or .gguf (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                   help="as the engine resolves it (auto: bf16 only where the CPU computes it natively)")
-    p.add_argument("--hardware", default="local", help="catalog entry the calibration applies to (default local)")
-    p.add_argument("--batches", type=_ints, default=(1, 2, 4, 8, 12, 16, 32, 64),
-                   help="decode batch sizes, comma-separated (12: just above the kernel switch at 8)")
-    p.add_argument("--contexts", type=_ints, default=(32, 128, 512), help="decode context lengths (tokens)")
-    p.add_argument("--chunks", type=_ints, default=(32, 128, 512), help="prefill chunk sizes (tokens)")
-    p.add_argument("--repeats", type=int, default=5, help="timed steps per point (their mean is fitted)")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="passes over the whole sweep, each point's steps averaged over them: on a shared machine "
-                        "whose speed drifts, 2-4 spread a slow spell over every point (default 1)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
-                   help="time steps by wall clock, or by process CPU time (needs --threads 1; for shared machines)")
-    p.add_argument("--quick", action="store_true", help="tiny sweep for tests: batches 1,2,4, contexts 16,32, chunks 8,32")
-    p.add_argument("--out", default="~/.cache/fastmode/calibration-local.json", help="calibration JSON to write")
-    p.add_argument("--refit", metavar="FILE", help="re-fit the points stored in a calibration file; measure nothing")
-    p.add_argument("--split-tokens", type=_split, default=None, metavar="auto|N",
-                   help="fit steps of at most N tokens apart from larger ones (0: one fit); auto (default): at the "
-                        "engine's kernel switch (8 tokens with GGUF blocks run natively), where the points allow")
-    p.add_argument("--usd-per-hour", type=float, default=None, help="machine price (default: the catalog's)")
-    p.add_argument("--fast-lane-max-batch", type=int, default=4)
-    p.add_argument("--standard-batch", type=int, default=64, help="a full standard batch (engine max_num_seqs)")
-    p.add_argument("--price-context", type=int, default=None, help="context for prices (default: largest measured)")
-    p.add_argument("--spec-acceptance", type=float, default=0.6,
-                   help="draft acceptance assumed for the speculation threshold (default 0.6)")
-    p.add_argument("--spec-draft-len", type=int, default=4, help="draft length k for the threshold (default 4)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_dataclass_args(p, CalibrateOptions, title="calibrate")
     p.set_defaults(func=run)
 
 
