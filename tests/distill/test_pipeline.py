@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from fastmode.cli import build_parser
 from fastmode.distill import pipeline
 from fastmode.distill.pipeline import DistillOptions, run_distill
 from fastmode.distill.spark import load_spark
-from fastmode.distill.train import Trainer, TrainConfig, load_checkpoint
+from fastmode.distill.train import TrainConfig, Trainer, load_checkpoint
 from tests.distill.conftest import tiny_sources
 
 MIX = {"code": 0.5, "prose": 0.5}
@@ -78,3 +79,21 @@ def test_ctrl_c_stops_after_the_current_step_and_exports(tiny_teacher, tmp_path,
 def test_cli_registers_distill():
     args = build_parser().parse_args(["distill", "--num-layers", "8", "--max-minutes", "2", "--mix", "stdlib=1"])
     assert args.num_layers == 8 and args.max_minutes == 2 and args.mix == {"stdlib": 1.0}
+
+
+def test_distill_flags_default_to_the_training_configs():
+    """DistillCommandOptions spells out TrainConfig's and DistillOptions' defaults (the CLI must not import torch)."""
+    from fastmode.distill.command import DistillCommandOptions
+    from fastmode.distill.export import MAX_BYTES
+
+    flags, train, run = DistillCommandOptions(), TrainConfig(), DistillOptions(out_dir=Path("x"))
+    for name in ("num_layers", "seq_len", "batch_size", "lr", "warmup_steps", "decay_steps", "temperature",
+                 "ce_weight", "seed"):
+        assert getattr(flags, name) == getattr(train, name), name
+    for name in ("model", "resume", "max_steps", "max_minutes", "checkpoint_every", "mix", "answer_max_tokens"):
+        assert getattr(flags, name) == getattr(run, name), name
+    assert flags.format == run.export_format and int(flags.max_mb * 1e6) == run.max_bytes == MAX_BYTES
+    args = build_parser().parse_args(["distill", "--out", "runs/s", "--decay-steps", "50", "--resume"])
+    assert args.out == Path("runs/s") and args.decay_steps == 50 and args.resume and args.mix == run.mix
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["distill", "--mix", "stdlib"])

@@ -88,7 +88,6 @@ def sweep_from_args(args: argparse.Namespace):
 def calibrate(args: argparse.Namespace, progress=lambda s: None) -> dict[str, Any]:
     """Measure, fit, write; returns the report (calibration dict, fit, prices)."""
     import time
-
     from pathlib import Path
 
     from fastmode.calibrate.calibration_file import load_points, write_calibration

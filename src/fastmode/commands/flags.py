@@ -100,6 +100,7 @@ def add_dataclass_args(
         shown = (",".join(map(str, default)) or "none") if isinstance(default, tuple) else default
         note = _comments(owner).get(f.name, "")
         help_text = note if required else f"{note} (default: {shown})" if note else f"default: {shown}"
+        help_text = help_text.replace("%", "%%")  # argparse %-formats help
         choices = f.metadata.get("choices")
         choices = choices() if callable(choices) else choices
         extra = {"metavar": f.metadata["metavar"]} if "metavar" in f.metadata else {}

@@ -13,8 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fastmode.commands.flags import add_dataclass_args
+from fastmode.distill.defaults import DEFAULT_MIX
 
 
 def _parse_mix(text: str) -> dict[str, float]:
@@ -24,44 +28,51 @@ def _parse_mix(text: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(f"--mix wants name=weight,...; got {text!r}") from None
 
 
+_parse_mix.__name__ = "mix"  # argparse names the type in its error messages
+
+
+@dataclass(frozen=True)
+class DistillCommandOptions:
+    """What `fastmode distill` runs; each field is one flag.
+
+    The training defaults are TrainConfig's and DistillOptions' (a test holds them equal); they are
+    spelled out here because those modules import torch, and building the CLI must not.
+    """
+
+    model: str | None = None  # teacher (none: the embedded SmolLM2-135M-Instruct)
+    out: Path | None = field(default=None, metadata={"parse": Path, "metavar": "DIR"})  # output folder (none: <cache>/spark/<teacher>-spark)
+    resume: bool = False  # continue the checkpoint in --out
+    num_layers: int = 10  # student layers, spread evenly over the teacher's
+    seq_len: int = 256  # tokens per training window
+    batch_size: int = 4  # windows per step
+    lr: float = 5e-4  # peak AdamW learning rate
+    warmup_steps: int = 20  # steps of linear lr warm-up
+    max_steps: int | None = None  # stop at step N (none: at the time budget)
+    decay_steps: int | None = None  # cosine-decay the lr to 10% at step N (none: constant after warm-up)
+    max_minutes: float = 60.0  # training time budget, summed over resumes
+    temperature: float = 1.0  # distillation temperature T
+    ce_weight: float = 0.1  # weight of the next-token CE term
+    seed: int = 0  # seed of the data order and the student's initialisation
+    checkpoint_every: int = field(default=25, metadata={"metavar": "STEPS"})  # steps between checkpoints
+    mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX), metadata={"parse": _parse_mix, "metavar": "NAME=WEIGHT,..."})  # share of training windows per source
+    answer_max_tokens: int = 128  # length cap of the teacher's answers
+    format: str = field(default="auto", metadata={"choices": ("auto", "fp32", "bf16", "int8")})  # weight storage; auto = most precise that fits --max-mb
+    max_mb: float = 50.0  # size limit of the exported file (MB)
+
+
 def register(subparsers: Any) -> None:
     """Add the `distill` subcommand to the `fastmode` parser."""
-    from fastmode.distill.defaults import DEFAULT_MIX
-
     p = subparsers.add_parser(
         "distill", help="distill the Spark student from the default model",
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(__doc__.splitlines()[1:]),
     )
-    p.add_argument("--model", default=None, help="teacher (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="output folder (default: <cache>/spark/<teacher>-spark)")
-    p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
-    p.add_argument("--num-layers", type=int, default=10, help="student layers, spread evenly over the teacher's")
-    p.add_argument("--seq-len", type=int, default=256, help="tokens per training window")
-    p.add_argument("--batch-size", type=int, default=4, help="windows per step")
-    p.add_argument("--lr", type=float, default=5e-4, help="peak AdamW learning rate")
-    p.add_argument("--warmup-steps", type=int, default=20)
-    p.add_argument("--max-steps", type=int, default=None, help="stop at step N (default: at the time budget)")
-    p.add_argument("--decay-steps", type=int, default=None,
-                   help="cosine-decay the lr to 10%% at step N (default: constant after warm-up)")
-    p.add_argument("--max-minutes", type=float, default=60.0, help="training time budget, summed over resumes")
-    p.add_argument("--temperature", type=float, default=1.0, help="distillation temperature T")
-    p.add_argument("--ce-weight", type=float, default=0.1, help="weight of the next-token CE term")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-every", type=int, default=25, metavar="STEPS")
-    p.add_argument("--mix", type=_parse_mix, default=None,
-                   help="source weights, default " + ",".join(f"{k}={v}" for k, v in DEFAULT_MIX.items()))
-    p.add_argument("--answer-max-tokens", type=int, default=128, help="length cap of the teacher's answers")
-    p.add_argument("--format", choices=("auto", "fp32", "bf16", "int8"), default="auto",
-                   help="weight storage; auto = most precise that fits --max-mb")
-    p.add_argument("--max-mb", type=float, default=50.0, help="size limit of the exported file (MB)")
+    add_dataclass_args(p, DistillCommandOptions, title="distill")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the teacher in fp32, train, export, print the record."""
-    from fastmode.distill.defaults import DEFAULT_MIX
     from fastmode.distill.pipeline import DistillOptions, run_distill
     from fastmode.distill.spark import default_spark_dir
     from fastmode.distill.train import TrainConfig
