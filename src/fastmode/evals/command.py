@@ -15,8 +15,12 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fastmode.commands.flags import add_dataclass_args
+from fastmode.engine.config import CacheConfig, LoadConfig
 
 SPECULATIVE_CHOICES = ("off", "ngram", "draft")
 # The engine speculates only while few sequences decode together (its
@@ -25,6 +29,21 @@ SPECULATIVE_CHOICES = ("off", "ngram", "draft")
 # both sides keep float rounding identical, so any text difference is the
 # speculative decoder's doing.
 SPEC_BATCH_SIZE = 4
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """What `fastmode eval` runs, beyond how each model is loaded; each field is one flag."""
+
+    model: tuple[str, ...] = field(default=(), metadata={"metavar": "PATH"})  # model path or name ('default' = the embedded model, 'spark' = its Spark); none: the embedded model
+    speculative: str = field(default="off", metadata={"choices": SPECULATIVE_CHOICES})  # also evaluate the first model with this speculative mode
+    limit: int | None = field(default=None, metadata={"metavar": "N"})  # at most N items per category (a quick run)
+    categories: str | None = field(default=None, metadata={"metavar": "LIST"})  # comma-separated subset of: factual,arithmetic,code,format
+    json: Path | None = field(default=None, metadata={"parse": Path, "metavar": "PATH"})  # write the full report, per-item answers included, to PATH
+    batch_size: int | None = field(default=None, metadata={"metavar": "N"})  # prompts per generate call (none: all at once, or 4 for every run when --speculative is on)
+    chain_steps: int = field(default=10, metadata={"metavar": "N"})  # steps in the p^N pipeline estimate
+    speed: bool = True  # run the batch-1 speed probe
+    perplexity: bool = True  # measure held-out perplexity
 
 
 def register(subparsers: Any) -> None:
@@ -36,32 +55,9 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(__doc__.splitlines()[1:]),
     )
-    p.add_argument("--model", action="append", default=None, metavar="PATH",
-                   help="model path or name ('default' = the embedded model, 'spark' = its Spark); "
-                        "repeat to compare (default: the embedded model)")
-    p.add_argument("--speculative", choices=SPECULATIVE_CHOICES, default="off",
-                   help="also evaluate the first model with this speculative mode")
-    p.add_argument("--limit", type=int, default=None, metavar="N",
-                   help="at most N items per category (a quick run)")
-    p.add_argument("--categories", default=None, metavar="LIST",
-                   help="comma-separated subset of: factual,arithmetic,code,format")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH",
-                   help="write the full report, per-item answers included, to PATH")
-    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default=None,
-                   help="weights dtype passed to LLM (default: the LLM's own default)")
-    p.add_argument("--weights", choices=("native", "native-int8", "dequantize"), default=None,
-                   help="GGUF weights passed to LLM: native blocks with fp32 or int8 activations, or "
-                        "dequantized (default: the LLM's own default, native)")
-    p.add_argument("--kv-cache-dtype", choices=("auto", "float16", "float32", "bfloat16"), default=None,
-                   help="KV cache element type passed to LLM (default: the LLM's own default, auto: float16 "
-                        "under float32 compute)")
-    p.add_argument("--batch-size", type=int, default=None, metavar="N",
-                   help="prompts per generate call (default: all at once, or "
-                        f"{SPEC_BATCH_SIZE} for every run when --speculative is on)")
-    p.add_argument("--chain-steps", type=int, default=10, metavar="N",
-                   help="steps in the p^N pipeline estimate (default 10)")
-    p.add_argument("--no-speed", action="store_true", help="skip the batch-1 speed probe")
-    p.add_argument("--no-perplexity", action="store_true", help="skip held-out perplexity")
+    add_dataclass_args(p, EvalOptions, repeatable=("model",), title="eval")
+    add_dataclass_args(p, LoadConfig, only=("dtype", "weights"), title="model loading")
+    add_dataclass_args(p, CacheConfig, only=("kv_cache_dtype",), title="model loading (KV cache)")
     p.set_defaults(func=run)
 
 
@@ -107,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             report = evaluate(
                 llm, tasks, speculative, name=label,
-                measure_speed=not args.no_speed,
-                measure_perplexity=not args.no_perplexity,
+                measure_speed=args.speed,
+                measure_perplexity=args.perplexity,
                 chain_steps=args.chain_steps,
                 batch_size=batch_size,
             )
