@@ -15,6 +15,7 @@ import time
 import pytest
 
 from fastmode.server.config import ServerConfig
+from fastmode.server.errors import ApiError
 from fastmode.server.limits import Tokenizers
 from tests.server.conftest import LONG_PROMPT, chat_body, serve
 
@@ -245,3 +246,16 @@ def test_a_large_prompt_does_not_stall_other_requests(server, http):
     t.join(60)
     assert status["big"] == 400  # longer than the context
     assert not health_s or min(health_s) < 0.5
+
+
+def test_checking_a_prompt_of_millions_of_token_ids_does_not_stall_the_loop():
+    from fastmode.server.limits import check_body
+    from fastmode.server.openai_models import CompletionRequest
+
+    body = CompletionRequest(model="m", prompt=list(range(3_000_000)))
+    t0 = time.perf_counter()
+    check_body(body, ServerConfig())
+    assert time.perf_counter() - t0 < 2.0  # a walk that builds a path per id takes ~10 s
+    with pytest.raises(ApiError, match="surrogate") as e:  # a list of numbers and text is still read
+        check_body({"enum": [1, 2.5, None, "ok", "\udfff"]}, ServerConfig())
+    assert e.value.param == "enum[4]"
