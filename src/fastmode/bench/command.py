@@ -20,55 +20,70 @@ import asyncio
 import datetime as dt
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastmode.commands.flags import add_dataclass_args
+
 DEFAULT_NUM_REQUESTS = 100
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `fastmode bench` sends, how hard and what it reports; each field is one flag."""
+
+    base_url: str = "http://127.0.0.1:8000"  # server root (a trailing /v1 is accepted)
+    model: str | None = None  # model to ask for (none: the first id GET /v1/models lists)
+    api_key: str | None = None  # sent as Authorization: Bearer (none: FASTMODE_API_KEY, else none)
+    endpoint: str = field(default="chat", metadata={"choices": ("chat", "completions")})  # /v1/chat/completions or /v1/completions
+    tier_field: bool = True  # send service_tier (--no-tier-field: peers that refuse unknown fields; tiers stay labels)
+    usage: bool = True  # send stream_options.include_usage (--no-usage: output tokens are then counted as chunks)
+    ignore_eos: bool = False  # send ignore_eos: true so every answer runs to max_tokens
+    temperature: float = 0.0  # sampling temperature (0: greedy)
+    extra_body: dict[str, Any] = field(default_factory=dict, metadata={"parse": _json_object, "metavar": "JSON"})  # fields merged into every request body, e.g. '{"cache_prompt": false}'
+    timeout_s: float = 600.0  # limit on one whole request
+    concurrency: str | None = field(default=None, metadata={"exclusive": "load"})  # closed loop: comma-separated worker counts, e.g. 1,4,16 (none: 1)
+    rate: str | None = field(default=None, metadata={"exclusive": "load"})  # open loop: comma-separated Poisson arrival rates in requests/s, e.g. 0.5,1,2
+    num_requests: int | None = None  # measured requests per level (none: DEFAULT_NUM_REQUESTS = 100 unless --duration-s is given)
+    duration_s: float | None = None  # stop starting requests after this long (per level)
+    warmup_requests: int = 0  # unmeasured requests sent before each level
+    seed: int = 0  # seeds prompts, lengths, tier order and arrivals
+    prompts: str = "project"  # 'project' (the packaged prompt set), 'synthetic' (--input-len words), or a file, one prompt a line
+    input_len: str = "128"  # synthetic prompt length in (approximate) tokens
+    output_len: str = field(default="128", metadata={"exclusive": "output"})  # max_tokens per request (a length distribution)
+    max_tokens: int | None = field(default=None, metadata={"exclusive": "output"})  # same as --output-len N
+    tier_mix: str = "standard=1"  # e.g. fast=0.2,standard=0.8 (exact counts per block)
+    slo_ttft_s: str | None = None  # time to first token limit
+    slo_tpot_s: str | None = None  # time per output token limit
+    slo_e2e_s: str | None = None  # end-to-end latency limit
+    json_out: str | None = field(default=None, metadata={"aliases": ("json",), "metavar": "OUT.json"})  # write the results here ('-': stdout, no table)
+    plots: str | None = field(default=None, metadata={"metavar": "DIR"})  # write PNG plots here
+    progress: bool = True  # show a progress bar (on a terminal)
+
+
+_GROUPS = {
+    "endpoint": ("base_url", "model", "api_key", "endpoint", "tier_field", "usage", "ignore_eos", "temperature",
+                 "extra_body", "timeout_s"),
+    "load (one run per level)": ("concurrency", "rate", "num_requests", "duration_s", "warmup_requests", "seed"),
+    "workload": ("prompts", "input_len", "output_len", "max_tokens", "tier_mix"),
+    "SLOs for goodput (SECONDS for every tier, or TIER=SECONDS,...)": ("slo_ttft_s", "slo_tpot_s", "slo_e2e_s"),
+    "output": ("json_out", "plots", "progress"),
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="load-test an OpenAI-compatible endpoint; latency and goodput per tier",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("endpoint")
-    g.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (a trailing /v1 is accepted)")
-    g.add_argument("--model", help="model to ask for (default: the first id GET /v1/models lists)")
-    g.add_argument("--api-key", help="sent as Authorization: Bearer (default: FASTMODE_API_KEY, else none)")
-    g.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
-                   help="/v1/chat/completions or /v1/completions")
-    g.add_argument("--no-tier-field", action="store_true",
-                   help="do not send service_tier (peers that refuse unknown fields); tiers stay labels")
-    g.add_argument("--no-usage", action="store_true",
-                   help="do not send stream_options.include_usage; output tokens are then counted as chunks")
-    g.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true so every answer runs to max_tokens")
-    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
-    g.add_argument("--extra-body", type=json.loads, default={}, metavar="JSON",
-                   help="fields merged into every request body, e.g. '{\"cache_prompt\": false}'")
-    g.add_argument("--timeout-s", type=float, default=600.0, help="limit on one whole request")
-    g = p.add_argument_group("load (one run per level)")
-    lv = g.add_mutually_exclusive_group()
-    lv.add_argument("--concurrency", help="closed loop: comma-separated worker counts, e.g. 1,4,16 (default 1)")
-    lv.add_argument("--rate", help="open loop: comma-separated Poisson arrival rates in requests/s, e.g. 0.5,1,2")
-    g.add_argument("--num-requests", type=int,
-                   help=f"measured requests per level (default {DEFAULT_NUM_REQUESTS} unless --duration-s is given)")
-    g.add_argument("--duration-s", type=float, help="stop starting requests after this long (per level)")
-    g.add_argument("--warmup-requests", type=int, default=0, help="unmeasured requests sent before each level")
-    g.add_argument("--seed", type=int, default=0, help="seeds prompts, lengths, tier order and arrivals")
-    g = p.add_argument_group("workload")
-    g.add_argument("--prompts", default="project",
-                   help="'project' (the packaged prompt set), 'synthetic' (--input-len words), or a file, one prompt a line")
-    g.add_argument("--input-len", default="128", help="synthetic prompt length in (approximate) tokens")
-    out_len = g.add_mutually_exclusive_group()
-    out_len.add_argument("--output-len", default="128", help="max_tokens per request (a length distribution)")
-    out_len.add_argument("--max-tokens", type=int, help="same as --output-len N")
-    g.add_argument("--tier-mix", default="standard=1", help="e.g. fast=0.2,standard=0.8 (exact counts per block)")
-    g = p.add_argument_group("SLOs for goodput (SECONDS for every tier, or TIER=SECONDS,...)")
-    g.add_argument("--slo-ttft-s", help="time to first token limit")
-    g.add_argument("--slo-tpot-s", help="time per output token limit")
-    g.add_argument("--slo-e2e-s", help="end-to-end latency limit")
-    g = p.add_argument_group("output")
-    g.add_argument("--json", dest="json_out", metavar="OUT.json", help="write the results here ('-': stdout, no table)")
-    g.add_argument("--plots", metavar="DIR", help="write PNG plots here")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for title, names in _GROUPS.items():
+        add_dataclass_args(p, BenchOptions, only=names, title=title)
     p.set_defaults(func=run)
 
 
@@ -113,10 +128,10 @@ async def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], list]:
     slo = SLO.parse(args.slo_ttft_s, args.slo_tpot_s, args.slo_e2e_s)
     api_key = api_key_from_env(args.api_key)
     model = args.model or await first_model_id(args.base_url, api_key, min(args.timeout_s, 30.0))
-    cfg = EndpointConfig(args.base_url, model, args.endpoint, api_key, tier_field=not args.no_tier_field,
-                         ignore_eos=args.ignore_eos, temperature=args.temperature, include_usage=not args.no_usage,
+    cfg = EndpointConfig(args.base_url, model, args.endpoint, api_key, tier_field=args.tier_field,
+                         ignore_eos=args.ignore_eos, temperature=args.temperature, include_usage=args.usage,
                          extra_body=args.extra_body, timeout_s=args.timeout_s)
-    progress = not args.no_progress and sys.stderr.isatty()
+    progress = args.progress and sys.stderr.isatty()
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     runs, levels = [], []
     async with BenchClient(cfg) as client:

@@ -10,7 +10,8 @@ flag without touching any command.
 A field without a default is a required flag. Field metadata may also carry
 `aliases` (more flag names, e.g. a short legacy one), `parse` (a converter for
 values that are not int, float or str; it may raise argparse.ArgumentTypeError),
-`metavar`, and `choices` as a callable when the list is only known at run time.
+`metavar`, `choices` as a callable when the list is only known at run time, and
+`exclusive` (fields with the same key are mutually exclusive flags).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def add_dataclass_args(
     one value per use of its flag (`--stop a --stop b`) instead of a comma-separated list.
     """
     group = p.add_argument_group(title or cls.__name__, description)
+    exclusive: dict[str, Any] = {}  # metadata["exclusive"] key -> its mutually exclusive group
     defaults = defaults or {}
     for name, aliases, owner, f in _settings(cls):
         if name in skip or (only is not None and name not in only):
@@ -104,14 +106,18 @@ def add_dataclass_args(
         choices = f.metadata.get("choices")
         choices = choices() if callable(choices) else choices
         extra = {"metavar": f.metadata["metavar"]} if "metavar" in f.metadata else {}
+        key = f.metadata.get("exclusive")
+        if key is not None and key not in exclusive:
+            exclusive[key] = group.add_mutually_exclusive_group()
+        target = group if key is None else exclusive[key]
         if is_bool:
-            group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            target.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         elif repeated:
-            group.add_argument(*flags, dest=name, type=parse, action="append", default=list(default or ()),
-                               choices=choices, help=f"{help_text}; repeat the flag for more", **extra)
+            target.add_argument(*flags, dest=name, type=parse, action="append", default=list(default or ()),
+                                choices=choices, help=f"{help_text}; repeat the flag for more", **extra)
         else:
-            group.add_argument(*flags, dest=name, type=parse, default=default, choices=choices, required=required,
-                               help=help_text, **extra)
+            target.add_argument(*flags, dest=name, type=parse, default=default, choices=choices, required=required,
+                                help=help_text, **extra)
 
 
 def pick(cls: type, args: argparse.Namespace) -> dict[str, Any]:
