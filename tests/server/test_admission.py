@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 
@@ -124,13 +125,14 @@ def test_api_keys_in_each_dialect(tiny_loaded, http):
         assert missing.status_code == 401 and "no API key" in missing.json()["error"]["message"]
         assert http.get(s.url + "/metrics").status_code == 200  # scrapers need no key
         with connect(s.ws_url) as ws:
-            event = __import__("json").loads(ws.recv(timeout=10))
+            event = json.loads(ws.recv(timeout=10))
             assert event["type"] == "error" and event["status"] == 401
         with connect(s.ws_url, additional_headers={"Authorization": "Bearer sekrit"}) as ws:
-            ws.send('{"type": "response.create", "model": "%s", "input": "hi", "max_output_tokens": 2, "temperature": 0}' % s.model)
+            ws.send(json.dumps({"type": "response.create", "model": s.model, "input": "hi", "max_output_tokens": 2,
+                                "temperature": 0}))
             types = []
             while not types or types[-1] not in ("response.completed", "response.incomplete", "error"):
-                types.append(__import__("json").loads(ws.recv(timeout=10))["type"])
+                types.append(json.loads(ws.recv(timeout=10))["type"])
             assert types[-1] == "response.incomplete"
 
 
