@@ -150,6 +150,7 @@ async def create_message(body: MessagesRequest, request: Request):
         stop=tuple(body.stop_sequences or ()), speculative=body.speculative, structured=grammar,
     )
     await check_structured(model, grammar, "tools")
+    model.check_request(ids, params, "messages")  # a 400 before admission, as in the other dialects
     # The beta header is accepted but not required: `speed` alone selects fast mode.
     want = TierChoice(Tier.FAST, "fast") if body.speed == "fast" else TierChoice(Tier.STANDARD, body.speed)
     admission = model.admission.admit(want, len(ids), max_tokens)

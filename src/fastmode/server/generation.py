@@ -87,11 +87,6 @@ class Job:
 
     def __init__(self, state: ServerState, model: ServedModel, prompt_ids: list[int], params: SamplingParams,
                  admission: Admission):
-        try:  # a 400 before any stream starts, whether or not the dialect checked before admission
-            model.check_request(prompt_ids, params)
-        except ApiError:
-            admission.settle(0)
-            raise
         self.state = state
         self.model = model
         self.prompt_ids = prompt_ids
