@@ -57,3 +57,17 @@ def test_help_shows_comment_default_and_metavar():
     text = _parser().format_help()
     assert "--even N, --e N" in text and "an even number (default: 0)" in text
     assert "sizes, comma-separated (default: 1,2)" in text and "--verbose, --no-verbose" in text
+
+
+@dataclass(frozen=True)
+class Either:
+    rate: str | None = field(default=None, metadata={"exclusive": "load"})  # open loop
+    workers: str | None = field(default=None, metadata={"exclusive": "load"})  # closed loop
+
+
+def test_fields_with_one_exclusive_key_are_mutually_exclusive_flags():
+    p = argparse.ArgumentParser(prog="t")
+    add_dataclass_args(p, Either)
+    assert p.parse_args(["--rate", "2"]).rate == "2"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--rate", "2", "--workers", "4"])
