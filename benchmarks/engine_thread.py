@@ -42,12 +42,16 @@ def measure(mode: str, args: argparse.Namespace) -> dict:
     from fastmode.engine import async_engine
 
     rng = random.Random(0)
-    prompts = [[rng.randrange(1000, 40000) for _ in range(args.prompt_len)] for _ in range(args.requests + args.clients)]
+    prompts = [
+        [rng.randrange(1000, 40000) for _ in range(args.prompt_len)] for _ in range(args.requests + args.clients)
+    ]
     warm, timed = prompts[: args.clients], prompts[args.clients :]
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     # At most --clients sequences at once in every mode, so the main-thread reference batches as the clients do.
     llm = LLM(num_threads=args.threads, draft_model=None, enable_prefix_caching=False, max_num_seqs=args.clients)
-    llm.generate(warm[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # load-time warm-up, main thread
+    llm.generate(
+        warm[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )  # load-time warm-up, main thread
 
     def clock() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)
@@ -109,8 +113,9 @@ def main() -> None:
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(args.repeats):
         for mode in MODES:
-            proc = subprocess.run([sys.executable, __file__, f"--mode={mode}", *forwarded],
-                                  capture_output=True, text=True, check=False)
+            proc = subprocess.run(
+                [sys.executable, __file__, f"--mode={mode}", *forwarded], capture_output=True, text=True, check=False
+            )
             if proc.returncode != 0:
                 sys.exit(f"{mode} failed:\n{proc.stderr[-3000:]}")
             res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -118,12 +123,18 @@ def main() -> None:
             print(f"round {r + 1} {mode:>16}: {res['tok_s']:7.1f} tok/s, {res['cores']:.2f} cores busy", flush=True)
     best = {m: max(rs, key=lambda x: x["tok_s"]) for m, rs in runs.items()}
     info = machine()
-    print(f"\nmachine: {info['cpu']} ({info['isa']}), {info['cores']} cores; {args.clients} clients, "
-          f"{args.requests} requests of {args.prompt_len} + {args.tokens} tokens, {args.threads} threads")
+    print(
+        f"\nmachine: {info['cpu']} ({info['isa']}), {info['cores']} cores; {args.clients} clients, "
+        f"{args.requests} requests of {args.prompt_len} + {args.tokens} tokens, {args.threads} threads"
+    )
     print(f"{'configuration':>16} {'out tok/s':>9} {'cores busy':>10} {'vs main':>8}")
     for m in MODES:
-        print(f"{m:>16} {best[m]['tok_s']:9.1f} {best[m]['cores']:10.2f} {best[m]['tok_s'] / best['main']['tok_s']:7.2f}x")
-    out = write_json(args.out, {"machine": info, "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "best": best})
+        print(
+            f"{m:>16} {best[m]['tok_s']:9.1f} {best[m]['cores']:10.2f} {best[m]['tok_s'] / best['main']['tok_s']:7.2f}x"
+        )
+    out = write_json(
+        args.out, {"machine": info, "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "best": best}
+    )
     print(f"wrote {out}")
 
 

@@ -54,16 +54,34 @@ def main() -> None:
                 best[w] = max(best[w], b * args.tokens / dt)
                 outs[w] = [o.token_ids for o in res]
         differ = sum(a != c for a, c in zip(outs["float16"], outs["float32"]))
-        rows.append({"batch": b, "fp16_tok_s": best["float16"], "fp32_tok_s": best["float32"],
-                     "ratio": best["float16"] / best["float32"], "sequences_differing": differ})
+        rows.append(
+            {
+                "batch": b,
+                "fp16_tok_s": best["float16"],
+                "fp32_tok_s": best["float32"],
+                "ratio": best["float16"] / best["float32"],
+                "sequences_differing": differ,
+            }
+        )
     print(f"{'batch':>5}  {'fp16 KV tok/s':>13}  {'fp32 KV tok/s':>13}  {'ratio':>6}  sequences differing")
     for r in rows:
-        print(f"{r['batch']:>5}  {r['fp16_tok_s']:>13.1f}  {r['fp32_tok_s']:>13.1f}  {r['ratio']:>5.2f}x  "
-              f"{r['sequences_differing']}/{r['batch']}")
+        print(
+            f"{r['batch']:>5}  {r['fp16_tok_s']:>13.1f}  {r['fp32_tok_s']:>13.1f}  {r['ratio']:>5.2f}x  "
+            f"{r['sequences_differing']}/{r['batch']}"
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"benchmark": "kv_cache", "machine": machine(), "settings": vars(args) | {"out": str(args.out)},
-                                        "rows": rows}, indent=2))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "benchmark": "kv_cache",
+                    "machine": machine(),
+                    "settings": vars(args) | {"out": str(args.out)},
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
         print(f"wrote {args.out}")
 
 

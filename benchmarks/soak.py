@@ -56,8 +56,13 @@ class Soak:
             self.latency[int((time.monotonic() - self.t0) // 60)].append(seconds)
 
     def chat(self, stream: bool, tier: str) -> dict:
-        return {"model": self.model, "messages": [{"role": "user", "content": random.choice(PROMPTS)}],
-                "max_tokens": random.randint(4, self.max_tokens), "stream": stream, "service_tier": tier}
+        return {
+            "model": self.model,
+            "messages": [{"role": "user", "content": random.choice(PROMPTS)}],
+            "max_tokens": random.randint(4, self.max_tokens),
+            "stream": stream,
+            "service_tier": tier,
+        }
 
     async def stream_outcome(self, client: httpx.AsyncClient, path: str, body: dict, cut_after: int | None) -> str:
         async with client.stream("POST", self.url + path, json=body) as r:
@@ -77,8 +82,9 @@ class Soak:
             return "ok" if done else "lost (stream cut)"
 
     async def one(self, client: httpx.AsyncClient) -> None:
-        scenario = random.choices(["chat_stream", "chat", "messages", "disconnect", "websocket", "bad"],
-                                  weights=[4, 3, 3, 1, 1, 2])[0]
+        scenario = random.choices(
+            ["chat_stream", "chat", "messages", "disconnect", "websocket", "bad"], weights=[4, 3, 3, 1, 1, 2]
+        )[0]
         tier = random.choice(["priority", "default", "flex", "auto"])
         t = time.monotonic()
         try:
@@ -90,9 +96,12 @@ class Soak:
                 r = await client.post(self.url + "/v1/chat/completions", json=self.chat(False, tier))
                 outcome = "ok" if r.status_code == 200 else self.status(r)
             elif scenario == "messages":
-                body = {"model": self.model, "max_tokens": random.randint(4, self.max_tokens),
-                        "messages": [{"role": "user", "content": random.choice(PROMPTS)}],
-                        **({"speed": "fast"} if random.random() < 0.5 else {})}
+                body = {
+                    "model": self.model,
+                    "max_tokens": random.randint(4, self.max_tokens),
+                    "messages": [{"role": "user", "content": random.choice(PROMPTS)}],
+                    **({"speed": "fast"} if random.random() < 0.5 else {}),
+                }
                 if random.random() < 0.5:
                     outcome = await self.stream_outcome(client, "/v1/messages", {**body, "stream": True}, None)
                 else:
@@ -112,14 +121,18 @@ class Soak:
 
     async def bad(self, client: httpx.AsyncClient) -> str:
         base = {"model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        body = random.choice([
-            json.dumps({**base, "messages": [{"role": "user", "content": "\ud800"}]}).encode(),
-            json.dumps({**base, "seed": 2**64}).encode(),
-            json.dumps({**base, "stop": ["x"] * 1000}).encode(),
-            b'{"model": ', b"[" * 100_000,
-        ])
-        r = await client.post(self.url + "/v1/chat/completions", content=body,
-                              headers={"content-type": "application/json"})
+        body = random.choice(
+            [
+                json.dumps({**base, "messages": [{"role": "user", "content": "\ud800"}]}).encode(),
+                json.dumps({**base, "seed": 2**64}).encode(),
+                json.dumps({**base, "stop": ["x"] * 1000}).encode(),
+                b'{"model": ',
+                b"[" * 100_000,
+            ]
+        )
+        r = await client.post(
+            self.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+        )
         return "ok" if 400 <= r.status_code < 500 else f"lost {r.status_code}"
 
     async def websocket(self) -> str:
@@ -127,9 +140,14 @@ class Soak:
         async with websockets.connect(ws_url, open_timeout=30) as ws:
             previous = None
             for _ in range(2):
-                event = {"type": "response.create", "model": self.model, "input": random.choice(PROMPTS),
-                         "max_output_tokens": random.randint(4, self.max_tokens), "store": False,
-                         **({"previous_response_id": previous} if previous else {})}
+                event = {
+                    "type": "response.create",
+                    "model": self.model,
+                    "input": random.choice(PROMPTS),
+                    "max_output_tokens": random.randint(4, self.max_tokens),
+                    "store": False,
+                    **({"previous_response_id": previous} if previous else {}),
+                }
                 await ws.send(json.dumps(event))
                 while True:
                     e = json.loads(await asyncio.wait_for(ws.recv(), 120))
@@ -157,9 +175,12 @@ def rss_mib(pid: int) -> float:
 async def sample(url: str, pid: int, t0: float) -> dict:
     async with httpx.AsyncClient(timeout=30) as c:
         text = (await c.get(url + "/metrics")).text
-    return {"t_s": round(time.monotonic() - t0, 1), "rss_mib": round(rss_mib(pid), 1),
-            "kv_usage": metric(text, "fastmode:kv_cache_usage_perc"),
-            "running": metric(text, "fastmode:num_requests_running")}
+    return {
+        "t_s": round(time.monotonic() - t0, 1),
+        "rss_mib": round(rss_mib(pid), 1),
+        "kv_usage": metric(text, "fastmode:kv_cache_usage_perc"),
+        "running": metric(text, "fastmode:num_requests_running"),
+    }
 
 
 async def run(args: argparse.Namespace, server: Server) -> dict:
@@ -186,11 +207,13 @@ async def run(args: argparse.Namespace, server: Server) -> dict:
     end = samples[-1]
     lost = {f"{s} {o}": n for (s, o), n in soak.outcomes.items() if o.startswith("lost")}
     report = {
-        "duration_s": args.duration_s, "concurrency": args.concurrency,
+        "duration_s": args.duration_s,
+        "concurrency": args.concurrency,
         "served": sum(soak.outcomes.values()),
         "outcomes": {f"{s} {o}": n for (s, o), n in sorted(soak.outcomes.items())},
-        "latency_by_minute": {m: {"n": len(v), "p50_s": pct(v, 50), "p99_s": pct(v, 99)}
-                              for m, v in sorted(soak.latency.items())},
+        "latency_by_minute": {
+            m: {"n": len(v), "p50_s": pct(v, 50), "p99_s": pct(v, 99)} for m, v in sorted(soak.latency.items())
+        },
         "samples": samples,
         "checks": {
             "no_request_lost": not lost,
@@ -213,8 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rss-growth", type=float, default=0.10, help="allowed RSS growth after warm-up (fraction)")
     p.add_argument("--out", default="runs/soak.json")
     args = p.parse_args(argv)
-    cmd = fastmode_bin() + ["serve", "--port", str(args.port), "--num-threads", str(args.threads),
-                            "--max-waiting-requests", "16", "--log-level", "warning"]
+    cmd = fastmode_bin() + [
+        "serve",
+        "--port",
+        str(args.port),
+        "--num-threads",
+        str(args.threads),
+        "--max-waiting-requests",
+        "16",
+        "--log-level",
+        "warning",
+    ]
     if args.model:
         cmd += ["--model", args.model]
     with Server("fastmode", cmd, args.port, Path("runs/soak-server.log")) as server:

@@ -79,8 +79,10 @@ def iid_bound(acceptance: float, draft_cost: float, line: tuple[float, float], k
     from fastmode.planner.speculative import expected_tokens_per_verify
 
     a, b = line
-    return max(expected_tokens_per_verify(acceptance, k) / ((a + b * (1 + k)) / (a + b) + k * draft_cost)
-               for k in range(1, kmax + 1))
+    return max(
+        expected_tokens_per_verify(acceptance, k) / ((a + b * (1 + k)) / (a + b) + k * draft_cost)
+        for k in range(1, kmax + 1)
+    )
 
 
 def report_batch1(llm, steps: StepLog, prompts, outs, rows: list[dict]) -> dict:
@@ -91,19 +93,37 @@ def report_batch1(llm, steps: StepLog, prompts, outs, rows: list[dict]) -> dict:
     medians = {r: round(1000 * statistics.median(v), 1) for r, v in sorted(steps.samples.items())}
     counts = {r: len(v) for r, v in sorted(steps.samples.items())}
     ceiling = None if line is None else lookup_ceiling(prompts, outs, line, kmax)
-    result = {"decode_speedup": ceiling, "step_ms_median_by_rows": medians, "steps_by_rows": counts,
-              "step_line_ms": None if line is None else [1000 * line[0], 1000 * line[1]]}
+    result = {
+        "decode_speedup": ceiling,
+        "step_ms_median_by_rows": medians,
+        "steps_by_rows": counts,
+        "step_line_ms": None if line is None else [1000 * line[0], 1000 * line[1]],
+    }
     draft = next((r for r in rows if r["batch"] == 1 and r["method"] == "draft"), None)
     if line is not None and draft is not None and draft["acceptance"]:
         c = llm.engine.spec.draft_cost
         bound, free = iid_bound(draft["acceptance"], c, line, kmax), iid_bound(draft["acceptance"], 0.0, line, kmax)
-        result["draft_bound"] = {"acceptance": draft["acceptance"], "draft_cost": c,
-                                 "decode_speedup": bound, "free_draft_decode_speedup": free}
-        print(f"{'':>10} draft bound at batch 1: {bound:.2f}x of the decode steps at its acceptance "
-              f"{draft['acceptance']:.2f} and measured round cost {c:.2f} steps per token ({free:.2f}x "
-              f"were drafting free)", flush=True)
-    print(f"{'':>10} n-gram ceiling at batch 1: "
-          + ("-" if line is None else f"{ceiling:.2f}x of the decode steps (oracle k; a step of r rows "
-             f"{1000 * line[0]:.1f} + {1000 * line[1]:.2f} r ms, fitted to the median ms by rows {medians} over "
-             f"{counts} steps)"), flush=True)
+        result["draft_bound"] = {
+            "acceptance": draft["acceptance"],
+            "draft_cost": c,
+            "decode_speedup": bound,
+            "free_draft_decode_speedup": free,
+        }
+        print(
+            f"{'':>10} draft bound at batch 1: {bound:.2f}x of the decode steps at its acceptance "
+            f"{draft['acceptance']:.2f} and measured round cost {c:.2f} steps per token ({free:.2f}x "
+            f"were drafting free)",
+            flush=True,
+        )
+    print(
+        f"{'':>10} n-gram ceiling at batch 1: "
+        + (
+            "-"
+            if line is None
+            else f"{ceiling:.2f}x of the decode steps (oracle k; a step of r rows "
+            f"{1000 * line[0]:.1f} + {1000 * line[1]:.2f} r ms, fitted to the median ms by rows {medians} over "
+            f"{counts} steps)"
+        ),
+        flush=True,
+    )
     return result

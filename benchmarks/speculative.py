@@ -45,7 +45,7 @@ CHAT = [
     "Describe how a bus schedule trades waiting time for cost.",
 ]
 
-SUMMARIZE = '''```python
+SUMMARIZE = """```python
 def summarize(values):
     total = 0
     count = 0
@@ -54,9 +54,9 @@ def summarize(values):
         count += 1
     mean = total / count if count else 0.0
     return {"total": total, "count": count, "mean": mean}
-```'''
+```"""
 
-STACK = '''```python
+STACK = """```python
 class Stack:
     def __init__(self):
         self.items = []
@@ -69,7 +69,7 @@ class Stack:
 
     def is_empty(self):
         return len(self.items) == 0
-```'''
+```"""
 
 # Edits whose correct answer is the input code with a small change: the answer repeats much of
 # the prompt. The set is fixed (written before measuring any of them); what the model actually
@@ -113,8 +113,12 @@ def main() -> None:
     p.add_argument("--draft-model", default="auto", help="auto (the model's Spark), spark, a path, layers:N, or none")
     p.add_argument("--batches", default="1,4,16")
     p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--repeats", type=int, default=3,
-                   help="rounds in which plain and each method take turns; the best of each is reported (default 3)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="rounds in which plain and each method take turns; the best of each is reported (default 3)",
+    )
     p.add_argument("--force", action="store_true", help="speculate at every batch size (ignore the batch threshold)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--no-spark", action="store_true", help="skip the Spark-vs-teacher rows")
@@ -154,10 +158,16 @@ def main() -> None:
             lookup_per_prompt[name].append(h / max(1, len(o.token_ids)))
             hits, total = hits + h, total + len(o.token_ids)
         lookup[name] = hits / max(1, total)
-    print("answer tokens prompt lookup predicts: " + ", ".join(
-        f"{k} {v:.0%} (per prompt {' '.join(f'{x:.0%}' for x in lookup_per_prompt[k])})" for k, v in lookup.items()))
-    print(f"{'workload':>10} {'batch':>5} {'method':>6} {'plain tok/s':>11} {'spec tok/s':>10} {'speed-up':>8} "
-          f"{'decode steps':>12} {'accept':>7} {'same':>5}")
+    print(
+        "answer tokens prompt lookup predicts: "
+        + ", ".join(
+            f"{k} {v:.0%} (per prompt {' '.join(f'{x:.0%}' for x in lookup_per_prompt[k])})" for k, v in lookup.items()
+        )
+    )
+    print(
+        f"{'workload':>10} {'batch':>5} {'method':>6} {'plain tok/s':>11} {'spec tok/s':>10} {'speed-up':>8} "
+        f"{'decode steps':>12} {'accept':>7} {'same':>5}"
+    )
     rows, ceilings = [], {}
     stats = llm.engine.spec.stats
     steps = StepLog(llm.engine)
@@ -176,7 +186,12 @@ def main() -> None:
             for rnd in range(args.repeats):
                 # Within a round the methods take turns batch by batch (each batch ~1-2 s), the
                 # order rotating, so a slow spell of the machine hits all of them alike.
-                wall, tokens, decode, outs = dict.fromkeys(order, 0.0), dict.fromkeys(order, 0), dict.fromkeys(order, 0.0), {m: [] for m in order}
+                wall, tokens, decode, outs = (
+                    dict.fromkeys(order, 0.0),
+                    dict.fromkeys(order, 0),
+                    dict.fromkeys(order, 0.0),
+                    {m: [] for m in order},
+                )
                 for g, i in enumerate(range(0, len(prompts), b)):
                     turn = (g + rnd) % len(order)
                     for m in order[turn:] + order[:turn]:
@@ -202,19 +217,45 @@ def main() -> None:
                 spec = max(speeds[m])
                 acc = accepted[m] / drafted[m] if drafted[m] else None
                 decode_x = min(decode_s["off"]) / min(decode_s[m])  # best round of each, as for tok/s
-                rows.append({"workload": name, "batch": b, "method": m, "plain_tok_s": plain, "spec_tok_s": spec,
-                             "speedup": spec / plain, "decode_speedup": decode_x, "acceptance": acc,
-                             "drafted": drafted[m], "identical": same[m], "plain_runs": speeds["off"],
-                             "spec_runs": speeds[m], "plain_decode_s": decode_s["off"], "spec_decode_s": decode_s[m]})
-                print(f"{name:>10} {b:>5} {m:>6} {plain:>11.1f} {spec:>10.1f} {spec / plain:>7.2f}x "
-                      f"{decode_x:>11.2f}x {'-' if acc is None else f'{acc:.2f}':>7} {str(same[m]):>5}", flush=True)
+                rows.append(
+                    {
+                        "workload": name,
+                        "batch": b,
+                        "method": m,
+                        "plain_tok_s": plain,
+                        "spec_tok_s": spec,
+                        "speedup": spec / plain,
+                        "decode_speedup": decode_x,
+                        "acceptance": acc,
+                        "drafted": drafted[m],
+                        "identical": same[m],
+                        "plain_runs": speeds["off"],
+                        "spec_runs": speeds[m],
+                        "plain_decode_s": decode_s["off"],
+                        "spec_decode_s": decode_s[m],
+                    }
+                )
+                print(
+                    f"{name:>10} {b:>5} {m:>6} {plain:>11.1f} {spec:>10.1f} {spec / plain:>7.2f}x "
+                    f"{decode_x:>11.2f}x {'-' if acc is None else f'{acc:.2f}':>7} {str(same[m]):>5}",
+                    flush=True,
+                )
             if b == 1 and "ngram" in methods:
                 ceilings[name] = report_batch1(llm, steps, prompts, ref, [r for r in rows if r["workload"] == name])
     spark_rows = [] if args.no_spark or args.model else spark_vs_teacher(llm, workloads["chat"], args)
-    out = write_json(args.out, {"machine": machine(), "args": vars(args), "draft": draft_name, "rows": rows,
-                                "lookup_hit_rate": lookup, "lookup_hit_rate_per_prompt": lookup_per_prompt,
-                                "ngram_ceiling_batch1": ceilings,
-                                "spark_vs_teacher": spark_rows})
+    out = write_json(
+        args.out,
+        {
+            "machine": machine(),
+            "args": vars(args),
+            "draft": draft_name,
+            "rows": rows,
+            "lookup_hit_rate": lookup,
+            "lookup_hit_rate_per_prompt": lookup_per_prompt,
+            "ngram_ceiling_batch1": ceilings,
+            "spark_vs_teacher": spark_rows,
+        },
+    )
     print(f"wrote {out}")
 
 

@@ -64,17 +64,34 @@ SCHEMA = {
     "additionalProperties": False,
 }
 
-TOPICS = ["an HTTP server", "a tokenizer", "a scheduler", "a KV cache", "a JSON parser", "a CLI", "a test suite",
-          "a web crawler", "a compiler", "a database driver", "a chat client", "an image loader", "a build tool",
-          "a profiler", "a linter", "a package manager"]
+TOPICS = [
+    "an HTTP server",
+    "a tokenizer",
+    "a scheduler",
+    "a KV cache",
+    "a JSON parser",
+    "a CLI",
+    "a test suite",
+    "a web crawler",
+    "a compiler",
+    "a database driver",
+    "a chat client",
+    "an image loader",
+    "a build tool",
+    "a profiler",
+    "a linter",
+    "a package manager",
+]
 
 
 def prompts(llm, n: int) -> list[list[int]]:
     """n distinct chat prompts asking for the files of a project as JSON."""
     out = []
     for i in range(n):
-        text = (f"List every file of {TOPICS[i % len(TOPICS)]} project number {i} as JSON: path, kind, line "
-                "count, test coverage, tags and whether it is generated.")
+        text = (
+            f"List every file of {TOPICS[i % len(TOPICS)]} project number {i} as JSON: path, kind, line "
+            "count, test coverage, tags and whether it is generated."
+        )
         out.append(llm.tokenizer.encode_chat([{"role": "user", "content": text}]))
     return out
 
@@ -126,19 +143,28 @@ def main() -> int:
     from fastmode import LLM
     from fastmode.sampling_params import SamplingParams, StructuredOutput
 
-    llm = LLM(args.model, dtype=args.dtype, num_threads=args.num_threads, max_num_seqs=max(batch_sizes),
-              kv_cache_gib=0.5, speculative="off")
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        num_threads=args.num_threads,
+        max_num_seqs=max(batch_sizes),
+        kv_cache_gib=0.5,
+        speculative="off",
+    )
     engine = llm.engine
     all_prompts = prompts(llm, max(batch_sizes))
     common = {"temperature": 0, "max_tokens": args.max_tokens, "ignore_eos": True, "speculative": "off"}
-    sides = {"free": SamplingParams(**common),
-             "constrained": SamplingParams(**common, structured=StructuredOutput("json_schema", json.dumps(SCHEMA)))}
+    sides = {
+        "free": SamplingParams(**common),
+        "constrained": SamplingParams(**common, structured=StructuredOutput("json_schema", json.dumps(SCHEMA))),
+    }
 
     # Warm-up, untimed: compiles the grammar (cached per schema), allocates at each batch size.
     for b in batch_sizes:
         for params in sides.values():
-            decode_seconds_per_token(engine, all_prompts[:b], SamplingParams(**{**common, "max_tokens": 4,
-                                                                                "structured": params.structured}))
+            decode_seconds_per_token(
+                engine, all_prompts[:b], SamplingParams(**{**common, "max_tokens": 4, "structured": params.structured})
+            )
     sample = decode_seconds_per_token(engine, all_prompts[:1], sides["constrained"])[2][0]
     print(f"a constrained output begins: {sample[:100]!r}", flush=True)
 
@@ -156,22 +182,45 @@ def main() -> int:
                 print(f"  round {r + 1} batch {b:>2} {side:<11} {s_per_token * 1000:7.2f} ms/token", flush=True)
 
     m = machine()
-    print(f"\nmachine: {m['cpu']} ({m['isa']}), {m['cores']} cores, torch {m['torch']} "
-          f"({m['torch_threads']} threads), llguidance {version('llguidance')}")
-    print(f"model: {engine.model_name} | {args.max_tokens} output tokens per request | greedy | median of "
-          f"{args.rounds} alternating round(s) | decode steps only\n")
-    print(f"{'batch':>5} | {'free ms/tok':>11} | {'constrained ms/tok':>18} | {'ratio':>6} | target <= {TARGET_RATIO:.2f}")
+    print(
+        f"\nmachine: {m['cpu']} ({m['isa']}), {m['cores']} cores, torch {m['torch']} "
+        f"({m['torch_threads']} threads), llguidance {version('llguidance')}"
+    )
+    print(
+        f"model: {engine.model_name} | {args.max_tokens} output tokens per request | greedy | median of "
+        f"{args.rounds} alternating round(s) | decode steps only\n"
+    )
+    print(
+        f"{'batch':>5} | {'free ms/tok':>11} | {'constrained ms/tok':>18} | {'ratio':>6} | target <= {TARGET_RATIO:.2f}"
+    )
     rows = []
     for b in batch_sizes:
         free = statistics.median(samples[(b, "free")])
         con = statistics.median(samples[(b, "constrained")])
         ratio = con / free
-        rows.append({"batch": b, "free_s_per_token": free, "constrained_s_per_token": con, "ratio": ratio,
-                     "free_rounds": samples[(b, "free")], "constrained_rounds": samples[(b, "constrained")]})
+        rows.append(
+            {
+                "batch": b,
+                "free_s_per_token": free,
+                "constrained_s_per_token": con,
+                "ratio": ratio,
+                "free_rounds": samples[(b, "free")],
+                "constrained_rounds": samples[(b, "constrained")],
+            }
+        )
         verdict = "met" if ratio <= TARGET_RATIO else "MISSED"
         print(f"{b:>5} | {free * 1000:11.2f} | {con * 1000:18.2f} | {ratio:6.3f} | {verdict}")
-    path = write_json(args.out, {"machine": m, "model": engine.model_name, "args": vars(args), "schema": SCHEMA,
-                                 "target_ratio": TARGET_RATIO, "results": rows})
+    path = write_json(
+        args.out,
+        {
+            "machine": m,
+            "model": engine.model_name,
+            "args": vars(args),
+            "schema": SCHEMA,
+            "target_ratio": TARGET_RATIO,
+            "results": rows,
+        },
+    )
     print(f"wrote {path}")
     return 0
 

@@ -24,12 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import machine, pct, write_json  # noqa: E402
 
-
 PROMPTS = [
-    "Explain how a CPU cache works.", "Write a short story about a lighthouse keeper.",
-    "List five uses of Python dictionaries.", "What causes the seasons on Earth?",
-    "Describe the water cycle for a child.", "Give advice for a first job interview.",
-    "Summarize the plot of Romeo and Juliet.", "How do vaccines train the immune system?",
+    "Explain how a CPU cache works.",
+    "Write a short story about a lighthouse keeper.",
+    "List five uses of Python dictionaries.",
+    "What causes the seasons on Earth?",
+    "Describe the water cycle for a child.",
+    "Give advice for a first job interview.",
+    "Summarize the plot of Romeo and Juliet.",
+    "How do vaccines train the immune system?",
 ]
 
 
@@ -148,7 +151,9 @@ def main() -> None:
     p.add_argument("--max-batched-tokens", type=int, default=256)
     p.add_argument("--kv-cache-gib", type=float, default=0.5)
     p.add_argument("--usd-per-hour", type=float, default=1.0)
-    p.add_argument("--speculative", default="off", choices=["off", "ngram"], help="fast-tier speculation (off isolates the lane)")
+    p.add_argument(
+        "--speculative", default="off", choices=["off", "ngram"], help="fast-tier speculation (off isolates the lane)"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--out", default="runs/tiers.json")
     args = p.parse_args()
@@ -162,8 +167,10 @@ def main() -> None:
     loaded = load_model(args.model)
     print(f"machine: {machine()}  model: {loaded.name} ({loaded.dtype})")
     results = []
-    print(f"{'lane':>5} {'fast tok/s':>10} {'std tok/s':>10} {'speed x':>8} {'price x':>8} "
-          f"{'vs off: speed x':>15} {'price x':>8} {'agg tok/s':>10} {'fast TTFT p50/p99 s':>20} {'$/Mtok fast/std':>16}")
+    print(
+        f"{'lane':>5} {'fast tok/s':>10} {'std tok/s':>10} {'speed x':>8} {'price x':>8} "
+        f"{'vs off: speed x':>15} {'price x':>8} {'agg tok/s':>10} {'fast TTFT p50/p99 s':>20} {'$/Mtok fast/std':>16}"
+    )
     base = None
     for lane in args.lanes.split(","):
         r = run_one(loaded, lane, args)
@@ -176,10 +183,13 @@ def main() -> None:
             r["speed_vs_off"] = f["otps_mean"] / base["otps_mean"]
             r["price_vs_off"] = f["usd_per_mtok"] / base["usd_per_mtok"]
         fmt = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
-        print(f"{lane:>5} {fmt(f['otps_mean']):>10} {fmt(s['otps_mean']):>10} {fmt(r.get('speed_ratio'), 2):>8} "
-              f"{fmt(r.get('price_ratio'), 2):>8} {fmt(r.get('speed_vs_off'), 2):>15} {fmt(r.get('price_vs_off'), 2):>8} "
-              f"{fmt(r['aggregate_tok_s']):>10} {fmt(f['ttft_p50_s'], 2) + '/' + fmt(f['ttft_p99_s'], 2):>20} "
-              f"{fmt(f['usd_per_mtok'], 2) + '/' + fmt(s['usd_per_mtok'], 2):>16}", flush=True)
+        print(
+            f"{lane:>5} {fmt(f['otps_mean']):>10} {fmt(s['otps_mean']):>10} {fmt(r.get('speed_ratio'), 2):>8} "
+            f"{fmt(r.get('price_ratio'), 2):>8} {fmt(r.get('speed_vs_off'), 2):>15} {fmt(r.get('price_vs_off'), 2):>8} "
+            f"{fmt(r['aggregate_tok_s']):>10} {fmt(f['ttft_p50_s'], 2) + '/' + fmt(f['ttft_p99_s'], 2):>20} "
+            f"{fmt(f['usd_per_mtok'], 2) + '/' + fmt(s['usd_per_mtok'], 2):>16}",
+            flush=True,
+        )
     out = write_json(args.out, {"machine": machine(), "args": vars(args), "results": results})
     plot(results, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")

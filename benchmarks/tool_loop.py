@@ -55,18 +55,37 @@ def _string(description: str) -> dict:
 
 # name -> (description, JSON schema of the arguments); strings bounded so a call always fits --max-tokens.
 TOOLS = {
-    "read_file": ("Read a file of the repository.", {
-        "type": "object", "properties": {"path": _string("path from the repository root")},
-        "required": ["path"], "additionalProperties": False}),
-    "run_tests": ("Run the tests whose node ids match a pattern.", {
-        "type": "object", "properties": {"pattern": _string("pytest -k pattern")},
-        "required": ["pattern"], "additionalProperties": False}),
-    "grep": ("Search the repository for a string.", {
-        "type": "object", "properties": {"text": _string("text to find")},
-        "required": ["text"], "additionalProperties": False}),
+    "read_file": (
+        "Read a file of the repository.",
+        {
+            "type": "object",
+            "properties": {"path": _string("path from the repository root")},
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+    ),
+    "run_tests": (
+        "Run the tests whose node ids match a pattern.",
+        {
+            "type": "object",
+            "properties": {"pattern": _string("pytest -k pattern")},
+            "required": ["pattern"],
+            "additionalProperties": False,
+        },
+    ),
+    "grep": (
+        "Search the repository for a string.",
+        {
+            "type": "object",
+            "properties": {"text": _string("text to find")},
+            "required": ["text"],
+            "additionalProperties": False,
+        },
+    ),
 }
-CHAT_TOOLS = [{"type": "function", "function": {"name": n, "description": d, "parameters": s}}
-              for n, (d, s) in TOOLS.items()]
+CHAT_TOOLS = [
+    {"type": "function", "function": {"name": n, "description": d, "parameters": s}} for n, (d, s) in TOOLS.items()
+]
 RESPONSES_TOOLS = [{"type": "function", "name": n, "description": d, "parameters": s} for n, (d, s) in TOOLS.items()]
 
 
@@ -92,17 +111,26 @@ class ChatSession:
         import httpx
 
         self.url, self.model, self.args = url, model, args
-        self.messages: list[dict] = [{"role": "system", "content": f"[session {nonce}] {INSTRUCTIONS}"},
-                                     {"role": "user", "content": TASK}]
+        self.messages: list[dict] = [
+            {"role": "system", "content": f"[session {nonce}] {INSTRUCTIONS}"},
+            {"role": "user", "content": TASK},
+        ]
         self.last_call_id: str | None = None
         self.client = httpx.Client(timeout=300, headers={"connection": "close"})
 
     def turn(self, tool_output: str | None) -> Turn:
         if tool_output is not None:
             self.messages.append({"role": "tool", "tool_call_id": self.last_call_id, "content": tool_output})
-        body = {"model": self.model, "messages": self.messages, "tools": CHAT_TOOLS, "tool_choice": "required",
-                "parallel_tool_calls": False, "max_tokens": self.args.max_tokens, "temperature": 0,
-                "service_tier": self.args.service_tier}
+        body = {
+            "model": self.model,
+            "messages": self.messages,
+            "tools": CHAT_TOOLS,
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "max_tokens": self.args.max_tokens,
+            "temperature": 0,
+            "service_tier": self.args.service_tier,
+        }
         t0 = time.perf_counter()
         r = self.client.post(self.url + "/v1/chat/completions", json=body)
         latency = time.perf_counter() - t0
@@ -115,8 +143,13 @@ class ChatSession:
         self.last_call_id = calls[0]["id"]
         self.messages.append({"role": "assistant", "content": message.get("content"), "tool_calls": calls})
         u = out["usage"]
-        return Turn(latency, u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"], u["completion_tokens"],
-                    calls[0]["function"]["name"])
+        return Turn(
+            latency,
+            u["prompt_tokens"],
+            u["prompt_tokens_details"]["cached_tokens"],
+            u["completion_tokens"],
+            calls[0]["function"]["name"],
+        )
 
     def close(self) -> None:
         self.client.close()
@@ -143,11 +176,23 @@ class ResponsesSession:
             self.client = httpx.Client(timeout=300, headers={"connection": "close"})
 
     def turn(self, tool_output: str | None) -> Turn:
-        new = ([{"type": "message", "role": "user", "content": TASK}] if tool_output is None else
-               [{"type": "function_call_output", "call_id": self.last_call_id, "output": tool_output}])
-        body = {"model": self.model, "instructions": self.instructions, "input": new, "tools": RESPONSES_TOOLS,
-                "tool_choice": "required", "parallel_tool_calls": False, "max_output_tokens": self.args.max_tokens,
-                "temperature": 0, "service_tier": self.args.service_tier, "previous_response_id": self.previous}
+        new = (
+            [{"type": "message", "role": "user", "content": TASK}]
+            if tool_output is None
+            else [{"type": "function_call_output", "call_id": self.last_call_id, "output": tool_output}]
+        )
+        body = {
+            "model": self.model,
+            "instructions": self.instructions,
+            "input": new,
+            "tools": RESPONSES_TOOLS,
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "max_output_tokens": self.args.max_tokens,
+            "temperature": 0,
+            "service_tier": self.args.service_tier,
+            "previous_response_id": self.previous,
+        }
         t0 = time.perf_counter()
         if self.ws is not None:
             self.ws.send(json.dumps({"type": "response.create", **body}))
@@ -169,8 +214,9 @@ class ResponsesSession:
             raise RuntimeError(f"{self.name} turn without exactly one completed call: {response}")
         self.previous, self.last_call_id = response["id"], calls[0]["call_id"]
         u = response["usage"]
-        return Turn(latency, u["input_tokens"], u["input_tokens_details"]["cached_tokens"], u["output_tokens"],
-                    calls[0]["name"])
+        return Turn(
+            latency, u["input_tokens"], u["input_tokens_details"]["cached_tokens"], u["output_tokens"], calls[0]["name"]
+        )
 
     def close(self) -> None:
         if self.ws is not None:
@@ -190,7 +236,7 @@ MODES = ("chat", "responses-http", "responses-ws")
 
 def run_round(url: str, model: str, args, r: int) -> dict[str, list[Turn]]:
     """One session per mode, turns interleaved; the order of the modes turns round by round."""
-    order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+    order = MODES[r % len(MODES) :] + MODES[: r % len(MODES)]
     sessions = {m: make_session(m, url, model, f"{m}-{r}-{time.time_ns()}", args) for m in order}
     turns: dict[str, list[Turn]] = {m: [] for m in order}
     outputs = tool_outputs(args.turns)
@@ -242,34 +288,60 @@ def main() -> int:
         rounds = []
         for r in range(args.rounds):
             rounds.append(run_round(url, model, args, r))
-            line = ", ".join(f"{m} {statistics.median(t.latency_s for t in rounds[-1][m]) * 1000:.0f} ms/turn"
-                             for m in MODES)
+            line = ", ".join(
+                f"{m} {statistics.median(t.latency_s for t in rounds[-1][m]) * 1000:.0f} ms/turn" for m in MODES
+            )
             print(f"  round {r + 1}: {line}", flush=True)
     finally:
         stop()
 
     m = machine()
     print(f"\nmachine: {m['cpu']} ({m['isa']}), {m['cores']} cores, torch {m['torch']}")
-    print(f"model: {model} | {args.turns} turns, each one forced tool call (<= {args.max_tokens} tokens) | greedy | "
-          f"service_tier {args.service_tier} | median of {args.rounds} round(s)\n")
+    print(
+        f"model: {model} | {args.turns} turns, each one forced tool call (<= {args.max_tokens} tokens) | greedy | "
+        f"service_tier {args.service_tier} | median of {args.rounds} round(s)\n"
+    )
     per_mode = {mode: [summarize(rd[mode]) for rd in rounds] for mode in MODES}
     med = {mode: {k: statistics.median(s[k] for s in per_mode[mode]) for k in per_mode[mode][0]} for mode in MODES}
     base = med["chat"]
-    print(f"{'mode':>15} | {'ms/turn':>8} | {'prompt':>7} {'cached':>7} {'prefill':>7} {'output':>6} | "
-          "vs chat: time/turn, prefill")
+    print(
+        f"{'mode':>15} | {'ms/turn':>8} | {'prompt':>7} {'cached':>7} {'prefill':>7} {'output':>6} | "
+        "vs chat: time/turn, prefill"
+    )
     for mode in MODES:
         s = med[mode]
-        vs = "" if mode == "chat" else (f"{s['median_turn_s'] / base['median_turn_s'] - 1:+.0%}, "
-                                        f"{1 - s['prefilled_tokens'] / max(1, base['prefilled_tokens']):.0%} saved")
-        print(f"{mode:>15} | {s['median_turn_s'] * 1000:8.0f} | {s['prompt_tokens']:7.0f} {s['cached_tokens']:7.0f} "
-              f"{s['prefilled_tokens']:7.0f} {s['output_tokens']:6.0f} | {vs}")
+        vs = (
+            ""
+            if mode == "chat"
+            else (
+                f"{s['median_turn_s'] / base['median_turn_s'] - 1:+.0%}, "
+                f"{1 - s['prefilled_tokens'] / max(1, base['prefilled_tokens']):.0%} saved"
+            )
+        )
+        print(
+            f"{mode:>15} | {s['median_turn_s'] * 1000:8.0f} | {s['prompt_tokens']:7.0f} {s['cached_tokens']:7.0f} "
+            f"{s['prefilled_tokens']:7.0f} {s['output_tokens']:6.0f} | {vs}"
+        )
     last = rounds[-1]
     print("\nlast round, per turn (ms / prefilled tokens): " + " | ".join(MODES))
     for i in range(args.turns):
-        print(f"{i + 1:>4}: " + " | ".join(f"{last[md][i].latency_s * 1000:6.0f} {last[md][i].prefilled_tokens:5d} "
-                                          f"{last[md][i].tool:<9}" for md in MODES))
-    path = write_json(args.out, {"machine": m, "model": model, "args": vars(args), "median": med,
-                                 "rounds": [{md: [asdict(t) for t in rd[md]] for md in MODES} for rd in rounds]})
+        print(
+            f"{i + 1:>4}: "
+            + " | ".join(
+                f"{last[md][i].latency_s * 1000:6.0f} {last[md][i].prefilled_tokens:5d} {last[md][i].tool:<9}"
+                for md in MODES
+            )
+        )
+    path = write_json(
+        args.out,
+        {
+            "machine": m,
+            "model": model,
+            "args": vars(args),
+            "median": med,
+            "rounds": [{md: [asdict(t) for t in rd[md]] for md in MODES} for rd in rounds],
+        },
+    )
     print(f"wrote {path}")
     return 0
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -73,14 +73,20 @@ def tool_outputs(turns: int, seed: int = 0) -> list[str]:
         kind = i % 3
         if kind == 0:
             passed, failed = rng.randint(10, 60), rng.randint(0, 3)
-            out.append(f"run_tests: {passed} passed, {failed} failed in {rng.uniform(1, 9):.2f}s; failing: test_{rng.randint(1, 99)} in tests/{f}")
+            out.append(
+                f"run_tests: {passed} passed, {failed} failed in {rng.uniform(1, 9):.2f}s; failing: test_{rng.randint(1, 99)} in tests/{f}"
+            )
         elif kind == 1:
-            out.append(f"grep: {f}:{rng.randint(10, 250)}: def step(self) -> list[RequestOutput]:\n"
-                       f"{f}:{rng.randint(10, 250)}:     out = self.scheduler.schedule(self.clock())")
+            out.append(
+                f"grep: {f}:{rng.randint(10, 250)}: def step(self) -> list[RequestOutput]:\n"
+                f"{f}:{rng.randint(10, 250)}:     out = self.scheduler.schedule(self.clock())"
+            )
         else:
-            out.append(f"read_file {f} lines {rng.randint(1, 100)}-{rng.randint(101, 200)}:\n"
-                       "    for seq in sorted(self.running, key=lambda s: (s.tier.rank, s.arrival_time_s)):\n"
-                       "        n, drafts = self._tokens_for(seq, budget)")
+            out.append(
+                f"read_file {f} lines {rng.randint(1, 100)}-{rng.randint(101, 200)}:\n"
+                "    for seq in sorted(self.running, key=lambda s: (s.tier.rank, s.arrival_time_s)):\n"
+                "        n, drafts = self._tokens_for(seq, budget)"
+            )
     return out
 
 
@@ -98,8 +104,14 @@ class HttpSession:
 
     def turn(self, text: str) -> Turn:
         self.messages.append({"role": "user", "content": text})
-        body = {"model": self.model, "messages": self.messages, "max_tokens": self.max_tokens, "temperature": 0,
-                "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": self.model,
+            "messages": self.messages,
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         t0 = time.perf_counter()
         ttft, reply, usage = None, [], None
         with self.client.stream("POST", self.url + "/v1/chat/completions", json=body) as r:
@@ -114,9 +126,14 @@ class HttpSession:
                         ttft = ttft or time.perf_counter() - t0
                         reply.append(c["delta"]["content"])
         self.messages.append({"role": "assistant", "content": "".join(reply)})
-        return Turn(time.perf_counter() - t0, ttft or 0.0, usage["prompt_tokens"],
-                    usage["prompt_tokens_details"]["cached_tokens"], usage["completion_tokens"],
-                    usage["time_to_first_token_seconds"] or 0.0)
+        return Turn(
+            time.perf_counter() - t0,
+            ttft or 0.0,
+            usage["prompt_tokens"],
+            usage["prompt_tokens_details"]["cached_tokens"],
+            usage["completion_tokens"],
+            usage["time_to_first_token_seconds"] or 0.0,
+        )
 
     def close(self) -> None:
         self.client.close()
@@ -134,9 +151,15 @@ class WsSession:
         self.instructions = f"[session {nonce}] {INSTRUCTIONS}"
 
     def turn(self, text: str) -> Turn:
-        event = {"type": "response.create", "model": self.model, "instructions": self.instructions,
-                 "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}],
-                 "max_output_tokens": self.max_tokens, "temperature": 0, "previous_response_id": self.previous}
+        event = {
+            "type": "response.create",
+            "model": self.model,
+            "instructions": self.instructions,
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}],
+            "max_output_tokens": self.max_tokens,
+            "temperature": 0,
+            "previous_response_id": self.previous,
+        }
         t0 = time.perf_counter()
         self.ws.send(json.dumps(event))
         ttft = None
@@ -150,8 +173,14 @@ class WsSession:
                 raise RuntimeError(f"turn failed: {e}")
         u = e["response"]["usage"]
         self.previous = e["response"]["id"]
-        return Turn(time.perf_counter() - t0, ttft or 0.0, u["input_tokens"], u["input_tokens_details"]["cached_tokens"],
-                    u["output_tokens"], u["time_to_first_token_seconds"] or 0.0)
+        return Turn(
+            time.perf_counter() - t0,
+            ttft or 0.0,
+            u["input_tokens"],
+            u["input_tokens_details"]["cached_tokens"],
+            u["output_tokens"],
+            u["time_to_first_token_seconds"] or 0.0,
+        )
 
     def close(self) -> None:
         self._conn.__exit__(None, None, None)
@@ -164,8 +193,20 @@ def start_server(args):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "fastmode.cli", "serve", "--port", str(port), "--dtype", args.dtype,
-           "--kv-cache-gib", str(args.kv_cache_gib), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastmode.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--dtype",
+        args.dtype,
+        "--kv-cache-gib",
+        str(args.kv_cache_gib),
+        "--log-level",
+        "warning",
+    ]
     if args.model:
         cmd += ["--model", args.model]
     proc = subprocess.Popen(cmd)
@@ -238,26 +279,45 @@ def main() -> int:
 
     m = machine()
     print(f"machine: {m['cpu']} ({m['isa']}), {m['cores']} cores, torch {m['torch']}")
-    print(f"model: {model} | {args.turns} turns | {args.max_tokens} output tokens/turn | greedy | "
-          f"overhead = client TTFT - engine TTFT\n")
-    print(f"{'turn':>4} | {'HTTP s':>6} {'ovh ms':>6} {'prompt':>6} {'cached':>6} {'prefill':>7} |"
-          f" {'WS s':>6} {'ovh ms':>6} {'prompt':>6} {'cached':>6} {'prefill':>7}")
+    print(
+        f"model: {model} | {args.turns} turns | {args.max_tokens} output tokens/turn | greedy | "
+        f"overhead = client TTFT - engine TTFT\n"
+    )
+    print(
+        f"{'turn':>4} | {'HTTP s':>6} {'ovh ms':>6} {'prompt':>6} {'cached':>6} {'prefill':>7} |"
+        f" {'WS s':>6} {'ovh ms':>6} {'prompt':>6} {'cached':>6} {'prefill':>7}"
+    )
     for i, (h, w) in enumerate(zip(hs, ws_turns), 1):
-        print(f"{i:>4} | {h.latency_s:6.2f} {h.overhead_s * 1000:6.1f} {h.prompt_tokens:6d} {h.cached_tokens:6d} "
-              f"{h.prefilled_tokens:7d} | {w.latency_s:6.2f} {w.overhead_s * 1000:6.1f} {w.prompt_tokens:6d} "
-              f"{w.cached_tokens:6d} {w.prefilled_tokens:7d}")
+        print(
+            f"{i:>4} | {h.latency_s:6.2f} {h.overhead_s * 1000:6.1f} {h.prompt_tokens:6d} {h.cached_tokens:6d} "
+            f"{h.prefilled_tokens:7d} | {w.latency_s:6.2f} {w.overhead_s * 1000:6.1f} {w.prompt_tokens:6d} "
+            f"{w.cached_tokens:6d} {w.prefilled_tokens:7d}"
+        )
     sh, sw = summarize("http", hs), summarize("websocket", ws_turns)
     print()
     for s in (sh, sw):
-        print(f"{s['mode']:>9}: {s['total_s']:.1f} s total, median {s['median_turn_s'] * 1000:.0f} ms/turn, "
-              f"TTFT {s['median_ttft_s'] * 1000:.0f} ms, overhead {s['median_overhead_ms']:.1f} ms; prompt "
-              f"{s['prompt_tokens']} tokens = {s['cached_tokens']} cached + {s['prefilled_tokens']} prefilled")
-    print(f"\nWebSocket vs HTTP: total time {1 - sw['total_s'] / sh['total_s']:+.0%}, "
-          f"per-turn overhead {sh['median_overhead_ms'] - sw['median_overhead_ms']:+.1f} ms, "
-          f"prefilled tokens {1 - sw['prefilled_tokens'] / max(1, sh['prefilled_tokens']):+.0%} "
-          f"(positive = WebSocket saves)")
-    path = write_json(args.out, {"machine": m, "model": model, "args": vars(args), "summary": [sh, sw],
-                                 "http": [asdict(t) for t in hs], "websocket": [asdict(t) for t in ws_turns]})
+        print(
+            f"{s['mode']:>9}: {s['total_s']:.1f} s total, median {s['median_turn_s'] * 1000:.0f} ms/turn, "
+            f"TTFT {s['median_ttft_s'] * 1000:.0f} ms, overhead {s['median_overhead_ms']:.1f} ms; prompt "
+            f"{s['prompt_tokens']} tokens = {s['cached_tokens']} cached + {s['prefilled_tokens']} prefilled"
+        )
+    print(
+        f"\nWebSocket vs HTTP: total time {1 - sw['total_s'] / sh['total_s']:+.0%}, "
+        f"per-turn overhead {sh['median_overhead_ms'] - sw['median_overhead_ms']:+.1f} ms, "
+        f"prefilled tokens {1 - sw['prefilled_tokens'] / max(1, sh['prefilled_tokens']):+.0%} "
+        f"(positive = WebSocket saves)"
+    )
+    path = write_json(
+        args.out,
+        {
+            "machine": m,
+            "model": model,
+            "args": vars(args),
+            "summary": [sh, sw],
+            "http": [asdict(t) for t in hs],
+            "websocket": [asdict(t) for t in ws_turns],
+        },
+    )
     print(f"wrote {path}")
     return 0
 

@@ -29,8 +29,22 @@ START = "<!-- published-validation:start -->"
 END = "<!-- published-validation:end -->"
 SECTION_TITLE = "## Validation against published measurements"
 METRICS = ("per_user_tok_s", "aggregate_tok_s")
-REQUIRED = ("id", "hardware", "model", "weight_format", "tp", "batch", "metric", "value", "context_tokens",
-            "includes_prefill", "date", "source", "source_short", "used_for_fit")
+REQUIRED = (
+    "id",
+    "hardware",
+    "model",
+    "weight_format",
+    "tp",
+    "batch",
+    "metric",
+    "value",
+    "context_tokens",
+    "includes_prefill",
+    "date",
+    "source",
+    "source_short",
+    "used_for_fit",
+)
 WITHIN = 0.25  # the summary counts independent points within this relative error
 
 
@@ -72,9 +86,18 @@ def rows() -> list[dict[str, Any]]:
         cm, op = predict(p)
         predicted = float(getattr(op, p["metric"]))
         e2e = with_prefill(p, cm, op)
-        out.append({**p, "predicted": predicted, "error": predicted / float(p["value"]) - 1.0,
-                    "with_prefill": e2e, "error_with_prefill": None if e2e is None else e2e / float(p["value"]) - 1.0,
-                    "devices": op.devices, "fits": bool(op.fits), "bound": op.bound})
+        out.append(
+            {
+                **p,
+                "predicted": predicted,
+                "error": predicted / float(p["value"]) - 1.0,
+                "with_prefill": e2e,
+                "error_with_prefill": None if e2e is None else e2e / float(p["value"]) - 1.0,
+                "devices": op.devices,
+                "fits": bool(op.fits),
+                "bound": op.bound,
+            }
+        )
     return out
 
 
@@ -83,11 +106,13 @@ def summary(table: list[dict[str, Any]]) -> str:
     plain = [abs(r["error"]) for r in indep]
     adjusted = [abs(r["error"] if r["error_with_prefill"] is None else r["error_with_prefill"]) for r in indep]
     fitted = [abs(r["error"]) for r in table if r["used_for_fit"]]
-    return (f"**Independent points: {len(plain)}; median |error| {statistics.median(plain):.0%}; "
-            f"within {WITHIN:.0%}: {sum(e <= WITHIN for e in plain)} of {len(plain)}.** "
-            f"With prefill priced in for the * rows: median |error| {statistics.median(adjusted):.0%}, "
-            f"within {WITHIN:.0%}: {sum(e <= WITHIN for e in adjusted)} of {len(adjusted)}. "
-            f"Fitted points (not a check): {len(fitted)}, median |error| {statistics.median(fitted):.0%}.")
+    return (
+        f"**Independent points: {len(plain)}; median |error| {statistics.median(plain):.0%}; "
+        f"within {WITHIN:.0%}: {sum(e <= WITHIN for e in plain)} of {len(plain)}.** "
+        f"With prefill priced in for the * rows: median |error| {statistics.median(adjusted):.0%}, "
+        f"within {WITHIN:.0%}: {sum(e <= WITHIN for e in adjusted)} of {len(adjusted)}. "
+        f"Fitted points (not a check): {len(fitted)}, median |error| {statistics.median(fitted):.0%}."
+    )
 
 
 def _pct(e: float) -> str:
@@ -112,9 +137,11 @@ def render(table: list[dict[str, Any]] | None = None) -> str:
         published = _num(float(r["value"])) + (" *" if r["includes_prefill"] else "")
         predicted = _num(r["predicted"]) + ("" if r["fits"] else " (does not fit)")
         e2e = "" if r["with_prefill"] is None else f"{_num(r['with_prefill'])} ({_pct(r['error_with_prefill'])})"
-        lines.append(f"| {r['hardware']} | {r['model']} | {r['weight_format']} | {tp} | {r['batch']} | "
-                     f"{r['context_tokens']} | {metric} | {published} | {predicted} | {_pct(r['error'])} | {e2e} | "
-                     f"{'fitted' if r['used_for_fit'] else 'independent'} | {r['source_short']} |")
+        lines.append(
+            f"| {r['hardware']} | {r['model']} | {r['weight_format']} | {tp} | {r['batch']} | "
+            f"{r['context_tokens']} | {metric} | {published} | {predicted} | {_pct(r['error'])} | {e2e} | "
+            f"{'fitted' if r['used_for_fit'] else 'independent'} | {r['source_short']} |"
+        )
     lines += [
         "",
         "Published and predicted are output tok/s. * the published figure's time includes prefill work (the "

@@ -38,8 +38,7 @@ def _batch_for_slowdown(cm, b_fast: int, ctx: int, ratio: float = 2.5):
 
 def claim_low_batch() -> list[str]:
     rows, found = [], []  # found: (model, ctx, b_fast, b_std, speed ratio, price ratio) where 2.5x is reached
-    grid = [("llama-3.1-70b", "h100", "bf16", 8), ("llama-3.1-405b", "h200", "fp8", 8),
-            ("glm-4.7", "h200", "fp8", 8)]
+    grid = [("llama-3.1-70b", "h100", "bf16", 8), ("llama-3.1-405b", "h200", "fp8", 8), ("glm-4.7", "h200", "fp8", 8)]
     for model, hw, fmt, tp in grid:
         for ctx in (8192, 32768):
             cm = layout_for_load(load_hardware(hw), load_model(model), 1, ctx, tp=tp, weight_format=fmt)
@@ -50,8 +49,10 @@ def claim_low_batch() -> list[str]:
                 note = "" if std.fits else " (standard batch no longer fits: 2.5x not reached)"
                 if std.fits:
                     found.append((model, ctx, b_fast, std.batch, speed, price))
-                rows.append(f"| {model} {fmt} | {tp}x {hw} | {ctx} | {b_fast} | {std.batch} | "
-                            f"{fast.per_user_tok_s:.0f} / {std.per_user_tok_s:.0f} | {speed:.2f}x | {price:.1f}x{note} |")
+                rows.append(
+                    f"| {model} {fmt} | {tp}x {hw} | {ctx} | {b_fast} | {std.batch} | "
+                    f"{fast.per_user_tok_s:.0f} / {std.per_user_tok_s:.0f} | {speed:.2f}x | {price:.1f}x{note} |"
+                )
     best = min(found, key=lambda f: abs(f[5] - 6))
     dense_8k = [f[5] for f in found if f[0] != "glm-4.7" and f[1] == 8192]
     moe = [f[5] for f in found if f[0] == "glm-4.7"]
@@ -70,13 +71,17 @@ def claim_low_batch() -> list[str]:
     spec_rows = []
     for b in (1, 8, 29, 64):
         plain, sp = evaluate(cm, b, 32768), evaluate(cm, b, 32768, spec)
-        spec_rows.append(f"| {b} | {plain.per_user_tok_s:.0f} | {sp.per_user_tok_s:.0f} | "
-                         f"{sp.speculative['speedup']:.2f}x | {plain.aggregate_tok_s / sp.aggregate_tok_s:.2f}x |")
+        spec_rows.append(
+            f"| {b} | {plain.per_user_tok_s:.0f} | {sp.per_user_tok_s:.0f} | "
+            f"{sp.speculative['speedup']:.2f}x | {plain.aggregate_tok_s / sp.aggregate_tok_s:.2f}x |"
+        )
     cm_short = layout_for_load(load_hardware("h100"), load_model("llama-3.1-8b"), 1, 512, tp=1)
-    short = [f"| 8B, 1x H100, 512-token context, batch {b} | {evaluate(cm_short, b, 512, spec).speculative['speedup']:.2f}x |"
-             for b in (1, 64, 256, 512)]
+    short = [
+        f"| 8B, 1x H100, 512-token context, batch {b} | {evaluate(cm_short, b, 512, spec).speculative['speedup']:.2f}x |"
+        for b in (1, 64, 256, 512)
+    ]
     return [
-        "## 1. \"Up to 2.5x output tok/s at 6x the price\" (Anthropic fast mode) via a low-batch lane",
+        '## 1. "Up to 2.5x output tok/s at 6x the price" (Anthropic fast mode) via a low-batch lane',
         "",
         "The articles: 65 -> 170 tok/s (2.5x) for 6x the price, same model; the likely mechanism is a smaller batch.",
         "The planner cannot see Opus 4.6, so it asks the reverse question: for a given fast-lane batch, which",
@@ -120,8 +125,10 @@ def claim_spark_speed() -> list[str]:
         gpu_cm = layout_for_load(h100, m, 1, 4096, tp=max(8, need), weight_format=fmt)
         gpu = evaluate(gpu_cm, 1, 4096)
         ratios.append(sram.per_user_tok_s / gpu.per_user_tok_s)
-        rows.append(f"| {name} ({fmt}) | {cm.num_devices} | {sram.per_user_tok_s:,.0f} | "
-                    f"{gpu_cm.num_devices}x H100: {gpu.per_user_tok_s:,.0f} | {sram.per_user_tok_s / gpu.per_user_tok_s:.1f}x |")
+        rows.append(
+            f"| {name} ({fmt}) | {cm.num_devices} | {sram.per_user_tok_s:,.0f} | "
+            f"{gpu_cm.num_devices}x H100: {gpu.per_user_tok_s:,.0f} | {sram.per_user_tok_s / gpu.per_user_tok_s:.1f}x |"
+        )
     return [
         "## 2. Codex-Spark: 1000+ tok/s, 15x faster, on Cerebras WSE-3",
         "",
@@ -133,7 +140,7 @@ def claim_spark_speed() -> list[str]:
         *rows,
         "",
         "**Verdict: reproduces in kind.** Under the fitted latency floor any model up to ~400B decodes at",
-        "~1,000 tok/s or more on WSE-3, so \"1000+\" for a distilled model is expected. The 15x is 1000 / 65:",
+        '~1,000 tok/s or more on WSE-3, so "1000+" for a distilled model is expected. The 15x is 1000 / 65:',
         "it compares a batch-1 SRAM machine with a GPU fleet serving at a production batch. Against a batch-1",
         f"GPU lane on a full H100 node the planner's ratio is {min(ratios):.0f}-{max(ratios):.0f}x (last column): the",
         "15x is within that range, and is largest for deep dense models, smallest for sparse ones whose GPU",
@@ -148,7 +155,7 @@ def claim_sram_capacity() -> list[str]:
     m70 = load_model("llama-3.1-70b")
     kv_32k = m70.kv_bytes(32768)
     return [
-        "## 3. \"44 GB holds about 20B parameters at fp16 or 40B at int8\"",
+        '## 3. "44 GB holds about 20B parameters at fp16 or 40B at int8"',
         "",
         f"Planner: 44 GB x {wse.usable_mem_frac:g} usable = {usable / 1e9:.1f} GB -> "
         f"{usable / 2 / 1e9:.1f}B parameters at 2 bytes, {usable / 1 / 1e9:.1f}B at 1 byte (weights only).",
@@ -185,7 +192,7 @@ def claim_glm_speed() -> list[str]:
         "|---|---|---|---|",
         *resid,
         "",
-        f"GLM-4.7 is one of those points, so predicting it with the full fit is circular. Leaving it out, the",
+        "GLM-4.7 is one of those points, so predicting it with the full fit is circular. Leaving it out, the",
         f"fit on the other points predicts **{loo_pred:,.0f} tok/s** ({loo_pred / 1000 - 1:+.0%}) for GLM-4.7 at bf16",
         f"on {cm.num_devices} wafers (weights {cm.weight_bytes / 1e9:.0f} GB).",
         "",
@@ -203,8 +210,10 @@ def claim_glm_speed() -> list[str]:
 def claim_chain() -> list[str]:
     table = [f"| {r['p_step']:.3f} | {r['p_success'] * 100:.1f}% | {r['source']} |" for r in seed_table(10)]
     results = compare(seed_modes(), 10)
-    res = [f"| {r.mode} | {r.strategy} | {r.expected_steps:.1f} | {r.expected_time_s:.0f} | {r.expected_cost_usd:.2f} |"
-           for r in results]
+    res = [
+        f"| {r.mode} | {r.strategy} | {r.expected_steps:.1f} | {r.expected_time_s:.0f} | {r.expected_cost_usd:.2f} |"
+        for r in results
+    ]
     return [
         "## 5. The p^n chain: 0.8^10 = 10.7%, 0.9^10 = 34.9%, Spark 2.1-5.6%",
         "",
@@ -234,11 +243,13 @@ def build() -> str:
         "",
         "Two articles compare the fast modes Anthropic and OpenAI shipped in the same week: Anthropic's serves",
         "the same model (Opus 4.6) faster for a higher price, OpenAI's a smaller distilled model",
-        "(GPT-5.3-Codex-Spark) on Cerebras wafer-scale chips (the README's \"Why a fast mode\" sums them up).",
+        '(GPT-5.3-Codex-Spark) on Cerebras wafer-scale chips (the README\'s "Why a fast mode" sums them up).',
         "Each of their quantitative claims is set here beside what the planner predicts.",
         "",
         "Generated by `scripts/seed_claims.py` from the catalogs in `src/fastmode/data/catalog/`; do not edit by",
-        "hand. Method and assumptions: `docs/planner.md`. Hardware in the catalog: " + ", ".join(hardware_names()) + ".",
+        "hand. Method and assumptions: `docs/planner.md`. Hardware in the catalog: "
+        + ", ".join(hardware_names())
+        + ".",
         "",
     ]
     body = claim_low_batch() + claim_spark_speed() + claim_sram_capacity() + claim_glm_speed() + claim_chain()

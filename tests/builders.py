@@ -91,8 +91,6 @@ def build_hf_model(path: Path, arch: str = "llama", **overrides) -> Path:
     return path
 
 
-
-
 def _permute_for_gguf(w, n_heads: int):
     """llama.cpp's converter permutation of q/k rows (what a real GGUF file holds)."""
     shape = w.shape
@@ -131,11 +129,21 @@ def write_gguf_from_hf(hf_dir: Path, out: Path, qtype: str = "F32", arch: str = 
     w.add_add_bos_token(False)
     w.add_chat_template(json.loads((hf_dir / "tokenizer_config.json").read_text())["chat_template"])
 
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     layer = {
-        "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-        "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-        "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
     }
     q = GGMLQuantizationType[qtype]
     for name, t in tensors.items():

@@ -32,7 +32,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=4, help="decode batch compared (default 4, the fast lane's cap)")
     p.add_argument("--requests", type=int, default=200, help="requests in the load (default 200)")
-    p.add_argument("--rate", type=float, default=1.75, help="requests/s (default 1.75, near sim_validation's own choice)")
+    p.add_argument(
+        "--rate", type=float, default=1.75, help="requests/s (default 1.75, near sim_validation's own choice)"
+    )
     p.add_argument("--every-s", type=float, default=1.0, help="seconds of load between the twin's bursts (default 1)")
     p.add_argument("--bands", default="60-100,100-140,60-140", help="mean-context bands compared")
     p.add_argument("--out", default="runs/load_twin_steps.json")
@@ -65,9 +67,17 @@ def main(argv=None) -> int:
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     workload, _ = sv.make_workload(vargs, None, None, 1.0, log)
     dtype = "float32" if str(loaded.dtype).endswith("float32") else "bfloat16"
-    engine = LLMEngine(EngineConfig(dtype=dtype, kv_cache_gib=0.5, max_num_seqs=vargs.max_num_seqs,
-                                    fast_lane_max_batch=vargs.fast_lane_max_batch, num_threads=1,
-                                    speculative="off"), loaded=loaded)
+    engine = LLMEngine(
+        EngineConfig(
+            dtype=dtype,
+            kv_cache_gib=0.5,
+            max_num_seqs=vargs.max_num_seqs,
+            fast_lane_max_batch=vargs.fast_lane_max_batch,
+            num_threads=1,
+            speculative="off",
+        ),
+        loaded=loaded,
+    )
     hi = max(b for _, b in bands)
     twin = sweep_engine(loaded, SweepConfig(num_threads=1, clock="cpu"), args.batch, 512, args.batch * (hi + 64))
     rng = random.Random(0)
@@ -78,8 +88,10 @@ def main(argv=None) -> int:
     def burst() -> int:
         if not twin.has_unfinished():  # new sequences from the lowest band's context up to the highest's
             for _ in range(args.batch):
-                twin.add_request([rng.randrange(vocab) for _ in range(lo)],
-                                 SamplingParams(temperature=0.0, max_tokens=hi - lo + 1, ignore_eos=True))
+                twin.add_request(
+                    [rng.randrange(vocab) for _ in range(lo)],
+                    SamplingParams(temperature=0.0, max_tokens=hi - lo + 1, ignore_eos=True),
+                )
             while twin.scheduler.waiting or any(s.is_prefilling for s in twin.scheduler.running):
                 twin.step()
         for _ in range(3):
@@ -96,32 +108,55 @@ def main(argv=None) -> int:
     log(f"replaying {len(workload)} requests at {args.rate}/s, the twin every {args.every_s} s of load...")
     t0 = time.perf_counter()
     real = replay(engine, workload, seed=vargs.seed, clock="cpu", probe=burst, probe_every_s=args.every_s)
-    load_steps = [(statistics.fmean(ctxs), dt) for (chunks, ctxs), (_, dt, _) in zip(real.shapes, real.steps)
-                  if not chunks and len(ctxs) == args.batch]
+    load_steps = [
+        (statistics.fmean(ctxs), dt)
+        for (chunks, ctxs), (_, dt, _) in zip(real.shapes, real.steps)
+        if not chunks and len(ctxs) == args.batch
+    ]
     rows = []
     for a, b in bands:
         ld = [dt for c, dt in load_steps if a <= c < b]
         tw = [dt for c, dt in twin_steps if a <= c < b]
         if ld and tw:
             L, T = summary(ld), summary(tw)
-            rows.append({"band": [a, b], "load": L, "twin": T, "ratio_mean": L["mean_s"] / T["mean_s"],
-                         "ratio_median": L["median_s"] / T["median_s"]})
+            rows.append(
+                {
+                    "band": [a, b],
+                    "load": L,
+                    "twin": T,
+                    "ratio_mean": L["mean_s"] / T["mean_s"],
+                    "ratio_median": L["median_s"] / T["median_s"],
+                }
+            )
     machine = sv.machine_info(1)
-    rep = {"machine": machine, "model": loaded.name, "batch": args.batch, "rate": args.rate,
-           "requests": len(workload), "wall_s": time.perf_counter() - t0, "bands": rows}
+    rep = {
+        "machine": machine,
+        "model": loaded.name,
+        "batch": args.batch,
+        "rate": args.rate,
+        "requests": len(workload),
+        "wall_s": time.perf_counter() - t0,
+        "bands": rows,
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rep, indent=2) + "\n")
-    print(f"machine: {machine['processor']}, {machine['cpus']} CPUs, 1 torch thread, cpu clock; {loaded.name}; "
-          f"{len(workload)} requests at {args.rate}/s, {real.num_steps} steps")
+    print(
+        f"machine: {machine['processor']}, {machine['cpus']} CPUs, 1 torch thread, cpu clock; {loaded.name}; "
+        f"{len(workload)} requests at {args.rate}/s, {real.num_steps} steps"
+    )
     print(f"decode steps at batch {args.batch}: the load's vs the twin's (a calibration-style engine), same minutes")
-    print(f"  {'context':<9}{'load n':>7}{'mean ms':>9}{'median':>8}{'twin n':>8}{'mean ms':>9}{'median':>8}"
-          f"{'load/twin mean':>16}{'median':>8}{'mean/median load':>18}{'twin':>6}")
+    print(
+        f"  {'context':<9}{'load n':>7}{'mean ms':>9}{'median':>8}{'twin n':>8}{'mean ms':>9}{'median':>8}"
+        f"{'load/twin mean':>16}{'median':>8}{'mean/median load':>18}{'twin':>6}"
+    )
     for r in rows:
         L, T = r["load"], r["twin"]
-        print(f"  {r['band'][0]:>3}-{r['band'][1]:<5}{L['n']:>7}{L['mean_s'] * 1e3:>9.2f}{L['median_s'] * 1e3:>8.2f}"
-              f"{T['n']:>8}{T['mean_s'] * 1e3:>9.2f}{T['median_s'] * 1e3:>8.2f}{r['ratio_mean']:>16.3f}"
-              f"{r['ratio_median']:>8.3f}{L['mean_s'] / L['median_s']:>18.3f}{T['mean_s'] / T['median_s']:>6.3f}")
+        print(
+            f"  {r['band'][0]:>3}-{r['band'][1]:<5}{L['n']:>7}{L['mean_s'] * 1e3:>9.2f}{L['median_s'] * 1e3:>8.2f}"
+            f"{T['n']:>8}{T['mean_s'] * 1e3:>9.2f}{T['median_s'] * 1e3:>8.2f}{r['ratio_mean']:>16.3f}"
+            f"{r['ratio_median']:>8.3f}{L['mean_s'] / L['median_s']:>18.3f}{T['mean_s'] / T['median_s']:>6.3f}"
+        )
     print(f"wrote {out}")
     return 0
 

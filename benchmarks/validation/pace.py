@@ -41,8 +41,9 @@ class PacedStepTime:
         return self.timer.step_s(chunks, contexts) * self.factors[bisect.bisect_right(self.starts, start_s) - 1]
 
 
-def simulate_at_pace(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
-                     profile: SpeedProfile) -> SimResult:
+def simulate_at_pace(
+    workload: list[RequestSpec], cost_model: CostModel, config: SimConfig, profile: SpeedProfile
+) -> SimResult:
     """`simulate` with each step at the profile's pace; an empty profile is the plain simulation."""
     if not profile:
         return simulate(workload, cost_model, config)

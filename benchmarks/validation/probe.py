@@ -43,8 +43,9 @@ class SpeedProbe:
         if self.batch < 1 or self.prompt_tokens < 2 or self.decode_steps < 0:
             raise ValueError("a probe needs batch >= 1, prompt_tokens >= 2 and decode_steps >= 0")
         tokens = self.batch * self.prompt_tokens
-        self.engine = sweep_engine(self.loaded, self.sweep, self.batch, tokens,
-                                   self.batch * (self.prompt_tokens + self.decode_steps + 1) + 64)
+        self.engine = sweep_engine(
+            self.loaded, self.sweep, self.batch, tokens, self.batch * (self.prompt_tokens + self.decode_steps + 1) + 64
+        )
         rng = random.Random(f"probe-{self.sweep.seed}")
         vocab = self.loaded.config.vocab_size
         self.prompts = [[rng.randrange(vocab) for _ in range(self.prompt_tokens)] for _ in range(self.batch)]
@@ -58,8 +59,10 @@ class SpeedProbe:
         outputs = [len(self.engine.step()) for _ in range(self.decode_steps + 1)]
         dt = self.clock() - t0
         if outputs != [self.batch] * (self.decode_steps + 1) or self.engine.has_unfinished():
-            raise RuntimeError(f"speed probe: expected a prefill step and {self.decode_steps} decode steps of "
-                               f"{self.batch} sequences each, got {outputs} outputs")
+            raise RuntimeError(
+                f"speed probe: expected a prefill step and {self.decode_steps} decode steps of "
+                f"{self.batch} sequences each, got {outputs} outputs"
+            )
         self.times.append(dt)
         return dt
 
@@ -77,8 +80,9 @@ def relative_speed(during: list[float], reference: list[float]) -> float:
     return statistics.median(during) / statistics.median(reference)
 
 
-def speed_profile(samples: list[tuple[float, float]], reference: list[float],
-                  window: int = 5) -> tuple[tuple[float, float], ...]:
+def speed_profile(
+    samples: list[tuple[float, float]], reference: list[float], window: int = 5
+) -> tuple[tuple[float, float], ...]:
     """The machine's pace over a replay, as a speed profile (pace.py): each probe's time
     (`samples`: (at_s, seconds), in time order) over the reference median, smoothed by a centred
     running median of `window` probes so that one stray probe moves nothing, and held from midway
@@ -93,6 +97,6 @@ def speed_profile(samples: list[tuple[float, float]], reference: list[float],
     ref = statistics.median(reference)
     ratios = [s / ref for _, s in samples]
     h = window // 2
-    smooth = [statistics.median(ratios[max(0, i - h):i + h + 1]) for i in range(len(ratios))]
+    smooth = [statistics.median(ratios[max(0, i - h) : i + h + 1]) for i in range(len(ratios))]
     starts = [0.0] + [(a + b) / 2 for a, b in zip(at, at[1:])]
     return tuple(zip(starts, smooth))

@@ -88,8 +88,14 @@ class ReplayClock:
         return out
 
 
-def replay(engine: LLMEngine, workload: list[RequestSpec], seed: int = 0, clock: str = "wall",
-           probe: Callable[[], object] | None = None, probe_every_s: float = 2.0) -> ReplayResult:
+def replay(
+    engine: LLMEngine,
+    workload: list[RequestSpec],
+    seed: int = 0,
+    clock: str = "wall",
+    probe: Callable[[], object] | None = None,
+    probe_every_s: float = 2.0,
+) -> ReplayResult:
     """Run `workload` on `engine` in real time ("wall") or CPU time ("cpu"); returns each request's metrics.
 
     `probe`: called after the first step and then after the first step that ends `probe_every_s`
@@ -109,8 +115,12 @@ def replay(engine: LLMEngine, workload: list[RequestSpec], seed: int = 0, clock:
 
     def recording_schedule(now_s: float):  # the step's shape must be read before the runner advances it
         out = real_schedule(now_s)
-        shapes.append(([(x.num_tokens, x.seq.num_computed_tokens) for x in out.scheduled if x.num_tokens > 1],
-                           [x.seq.num_computed_tokens for x in out.scheduled if x.num_tokens == 1]))
+        shapes.append(
+            (
+                [(x.num_tokens, x.seq.num_computed_tokens) for x in out.scheduled if x.num_tokens > 1],
+                [x.seq.num_computed_tokens for x in out.scheduled if x.num_tokens == 1],
+            )
+        )
         return out
 
     engine.scheduler.schedule = recording_schedule  # an instance attribute: only this engine, only this run
@@ -130,10 +140,14 @@ def replay(engine: LLMEngine, workload: list[RequestSpec], seed: int = 0, clock:
             while i < len(pending) and pending[i].arrival_s <= now:
                 spec = pending[i]
                 arrival = t0 + spec.arrival_s
-                engine.clock = lambda: arrival  # stamp the true arrival time, not the injection time
+                engine.clock = lambda arrival=arrival: arrival  # stamp the true arrival time, not the injection time
                 try:
-                    engine.add_request(prompts[i], SamplingParams(temperature=0.0, max_tokens=spec.output_tokens,
-                                                                  ignore_eos=True), spec.tier, spec.request_id)
+                    engine.add_request(
+                        prompts[i],
+                        SamplingParams(temperature=0.0, max_tokens=spec.output_tokens, ignore_eos=True),
+                        spec.tier,
+                        spec.request_id,
+                    )
                 finally:
                     engine.clock = now_fn
                 lateness += now - spec.arrival_s
@@ -160,8 +174,9 @@ def replay(engine: LLMEngine, workload: list[RequestSpec], seed: int = 0, clock:
     finally:
         engine.clock = saved_clock
         del engine.scheduler.schedule
-    return ReplayResult(metrics, rids, now_fn() - t0, busy, num_steps, steps, shapes, lateness / max(1, len(pending)),
-                        probes)
+    return ReplayResult(
+        metrics, rids, now_fn() - t0, busy, num_steps, steps, shapes, lateness / max(1, len(pending)), probes
+    )
 
 
 def _wait_until(clock, t: float) -> None:

@@ -71,22 +71,38 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="HF dir or .gguf (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: see --clock)")
-    p.add_argument("--clock", default="cpu", choices=["wall", "cpu"],
-                   help="cpu (default): time everything in process CPU time, so that other processes on a shared "
-                        "machine do not distort it (needs --threads 1); wall: real time, for a dedicated machine")
+    p.add_argument(
+        "--clock",
+        default="cpu",
+        choices=["wall", "cpu"],
+        help="cpu (default): time everything in process CPU time, so that other processes on a shared "
+        "machine do not distort it (needs --threads 1); wall: real time, for a dedicated machine",
+    )
     p.add_argument("--calibration", help="use this calibration file instead of calibrating")
     p.add_argument("--calibration-out", default="runs/calibration-local.json")
     p.add_argument("--check-context", type=int, default=256)
     p.add_argument("--check-batches", default="1,2,4,8,12,16,32,64")
     p.add_argument("--check-chunk", type=int, default=256)
-    p.add_argument("--duration-s", type=float, default=180.0,
-                   help="seconds of arrivals in the load test (default 180: ~60 flex requests, whose mean TTFT is the noisiest figure)")
-    p.add_argument("--replays", type=int, default=3,
-                   help="replays of the same load, each on a fresh engine; the verdict compares the simulation "
-                        "with their pooled per-tier means (default 3: see the module's docstring, step 3)")
+    p.add_argument(
+        "--duration-s",
+        type=float,
+        default=180.0,
+        help="seconds of arrivals in the load test (default 180: ~60 flex requests, whose mean TTFT is the noisiest figure)",
+    )
+    p.add_argument(
+        "--replays",
+        type=int,
+        default=3,
+        help="replays of the same load, each on a fresh engine; the verdict compares the simulation "
+        "with their pooled per-tier means (default 3: see the module's docstring, step 3)",
+    )
     p.add_argument("--rate", type=float, default=None, help="requests/s (default: chosen for --concurrency)")
-    p.add_argument("--concurrency", type=float, default=3.0,
-                   help="mean requests in the system the default rate aims at (simulated; Little's law)")
+    p.add_argument(
+        "--concurrency",
+        type=float,
+        default=3.0,
+        help="mean requests in the system the default rate aims at (simulated; Little's law)",
+    )
     p.add_argument("--tier-mix", default="fast=0.3,standard=0.5,flex=0.2")
     p.add_argument("--prompt-len", default="uniform:16:128")
     p.add_argument("--output-len", default="uniform:8:48")
@@ -94,24 +110,38 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fast-lane-max-batch", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds-before", type=int, default=1, help="measurement rounds before the load test (default 1)")
-    p.add_argument("--rounds-during", type=int, default=4,
-                   help="measurement rounds run during the load test, one decode round or prefill pass at a time "
-                        "between the load's steps with its clock stopped, spread over its duration (default 4)")
+    p.add_argument(
+        "--rounds-during",
+        type=int,
+        default=4,
+        help="measurement rounds run during the load test, one decode round or prefill pass at a time "
+        "between the load's steps with its clock stopped, spread over its duration (default 4)",
+    )
     p.add_argument("--rounds-after", type=int, default=1, help="measurement rounds after the load test (default 1)")
     p.add_argument("--quick", action="store_true", help="quick sweep, one round each side and a 25 s load")
-    p.add_argument("--probe-every-s", type=float, default=2.0,
-                   help="seconds of load between speed probes (default 2; the probe also runs after every decode "
-                        "round and prefill pass of the measurement rounds)")
-    p.add_argument("--skip-step-check", action="store_true",
-                   help="only the load test, no measurement rounds (needs --calibration)")
+    p.add_argument(
+        "--probe-every-s",
+        type=float,
+        default=2.0,
+        help="seconds of load between speed probes (default 2; the probe also runs after every decode "
+        "round and prefill pass of the measurement rounds)",
+    )
+    p.add_argument(
+        "--skip-step-check", action="store_true", help="only the load test, no measurement rounds (needs --calibration)"
+    )
     p.add_argument("--out", default="runs/sim_validation.json")
     return p.parse_args(argv)
 
 
 def machine_info(threads: int) -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "torch_threads": threads, "python": platform.python_version(),
-            "load_avg_start": os.getloadavg()}
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch_threads": threads,
+        "python": platform.python_version(),
+        "load_avg_start": os.getloadavg(),
+    }
 
 
 def err(pred: float, meas: float) -> float:
@@ -122,20 +152,35 @@ def sweep_config(args, contexts: tuple[int, ...], chunks: tuple[int, ...], round
     from fastmode.calibrate.measure import SweepConfig
 
     if args.quick:
-        return SweepConfig(batches=(1, 4, 16, 64), contexts=contexts, chunk_sizes=chunks, repeats=3, prefill_repeats=2,
-                           rounds=rounds, num_threads=args.threads, clock=args.clock)
+        return SweepConfig(
+            batches=(1, 4, 16, 64),
+            contexts=contexts,
+            chunk_sizes=chunks,
+            repeats=3,
+            prefill_repeats=2,
+            rounds=rounds,
+            num_threads=args.threads,
+            clock=args.clock,
+        )
     # Four prefill passes per round, not calibrate's two: a prefill step lasts 0.1-2.5 s, so a round
     # holds few of them, and with two a point can move by tens of percent between rounds.
-    return SweepConfig(batches=tuple(int(b) for b in args.check_batches.split(",")), contexts=contexts,
-                       chunk_sizes=chunks, prefill_repeats=4, rounds=rounds, num_threads=args.threads,
-                       clock=args.clock)
+    return SweepConfig(
+        batches=tuple(int(b) for b in args.check_batches.split(",")),
+        contexts=contexts,
+        chunk_sizes=chunks,
+        prefill_repeats=4,
+        rounds=rounds,
+        num_threads=args.threads,
+        clock=args.clock,
+    )
 
 
 def plan_points(args) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(contexts, chunk sizes) each round measures: the calibration's (unless a file gives the
     calibration) and the held-out ones."""
-    cal_ctx, cal_chunks = ((), ()) if args.calibration else (((32, 512), (32, 512)) if args.quick else
-                                                             ((32, 128, 512), (32, 128, 512)))
+    cal_ctx, cal_chunks = (
+        ((), ()) if args.calibration else (((32, 512), (32, 512)) if args.quick else ((32, 128, 512), (32, 128, 512)))
+    )
     if args.check_context in cal_ctx or args.check_chunk in cal_chunks:
         raise SystemExit("--check-context / --check-chunk must differ from the calibration's contexts and chunks")
     return tuple(sorted({*cal_ctx, args.check_context})), tuple(sorted({*cal_chunks, args.check_chunk}))
@@ -160,15 +205,23 @@ def fit_cost_model(args, loaded, cal_points, log, final: bool = True):
     if args.calibration:
         cal = json.loads(Path(args.calibration).expanduser().read_text())
         if cal.get("model") != loaded.name or cal.get("weight_format") != fmt:
-            log(f"warning: {args.calibration} is for {cal.get('model')} {cal.get('weight_format')}, "
-                f"validating {loaded.name} {fmt}")
+            log(
+                f"warning: {args.calibration} is for {cal.get('model')} {cal.get('weight_format')}, "
+                f"validating {loaded.name} {fmt}"
+            )
         hw = load_hardware(cal["hardware"], calibration=args.calibration)
         return CostModel(hw, spec, tp=1, weight_format=fmt), {"file": args.calibration, **cal}
     sweep = sweep_config(args, (args.check_context,), (args.check_chunk,), 1)  # only its thread count is read
-    run = calibrate_loaded(loaded, sweep, points=cal_points, fitted_from=(
-        f"benchmarks/validation/sim_validation.py: {loaded.name} {fmt}, {len(cal_points)} points, "
-        f"{args.rounds_before} + {args.rounds_during} + {args.rounds_after} rounds before, during and after a load test, "
-        f"{args.threads} threads, {args.clock} clock"))
+    run = calibrate_loaded(
+        loaded,
+        sweep,
+        points=cal_points,
+        fitted_from=(
+            f"benchmarks/validation/sim_validation.py: {loaded.name} {fmt}, {len(cal_points)} points, "
+            f"{args.rounds_before} + {args.rounds_during} + {args.rounds_after} rounds before, during and after a load test, "
+            f"{args.threads} threads, {args.clock} clock"
+        ),
+    )
     if not final:
         return run.cost_model, run.calibration
     path = write_calibration(run.calibration, args.calibration_out)
@@ -180,9 +233,18 @@ def check_steps(held_out, cm) -> list[dict]:
     rows = []
     for p in held_out:
         pred = cm.step_cost(*p.cost_args()).total_s
-        rows.append({"kind": p.kind, "batch": p.num_decodes, "context": round(p.decode_context or p.prefill_context),
-                     "tokens": p.tokens, "measured_s": p.step_s, "predicted_s": pred, "error": err(pred, p.step_s),
-                     "spread": p.spread})
+        rows.append(
+            {
+                "kind": p.kind,
+                "batch": p.num_decodes,
+                "context": round(p.decode_context or p.prefill_context),
+                "tokens": p.tokens,
+                "measured_s": p.step_s,
+                "predicted_s": pred,
+                "error": err(pred, p.step_s),
+                "spread": p.spread,
+            }
+        )
     return rows
 
 
@@ -199,8 +261,16 @@ def make_workload(args, cm, sched_cfg, usd, log):
 
     def workload(rate):
         n = max(5, round(rate * args.duration_s))
-        return generate_workload(WorkloadConfig(n, ArrivalProcess("poisson", rate), LengthDist.parse(args.prompt_len),
-                                                LengthDist.parse(args.output_len), args.tier_mix, args.seed))
+        return generate_workload(
+            WorkloadConfig(
+                n,
+                ArrivalProcess("poisson", rate),
+                LengthDist.parse(args.prompt_len),
+                LengthDist.parse(args.output_len),
+                args.tier_mix,
+                args.seed,
+            )
+        )
 
     def concurrency(rate):  # time-averaged requests in the system: sum of latencies / makespan
         r = simulate(workload(rate), cm, SimConfig(sched_cfg, usd))
@@ -224,8 +294,11 @@ def steps_priced(real, cm) -> list[tuple[str, float, float, float]]:
         if not chunks and not contexts:
             continue
         b = len(contexts)
-        kind = (("prefill+decode" if contexts else "prefill") if chunks
-                else f"decode {b if b <= 4 else '5-8' if b <= 8 else '9-16'}")
+        kind = (
+            ("prefill+decode" if contexts else "prefill")
+            if chunks
+            else f"decode {b if b <= 4 else '5-8' if b <= 8 else '9-16'}"
+        )
         out.append((kind, end_s, measured, cm.step_cost(chunks, contexts).total_s))
     return out
 
@@ -275,8 +348,13 @@ def step_errors_in_situ(replays: list) -> dict:
     out = {}
     for kind, rows in sorted(groups.items()):
         meas, pred, paced = (sum(r[i] for r in rows) for i in range(3))
-        out[kind] = {"num_steps": len(rows), "measured_mean_s": meas / len(rows), "predicted_mean_s": pred / len(rows),
-                     "error": err(pred, meas), "error_in_window": err(paced, meas)}
+        out[kind] = {
+            "num_steps": len(rows),
+            "measured_mean_s": meas / len(rows),
+            "predicted_mean_s": pred / len(rows),
+            "error": err(pred, meas),
+            "error_in_window": err(paced, meas),
+        }
     return out
 
 
@@ -290,8 +368,10 @@ def sampling_band(workload, priced, cm, sched, usd, seeds: int = 8) -> dict:
     ratios = [measured / predicted for _, _, measured, predicted in priced]
     mean = statistics.fmean(ratios)
     cv = statistics.pstdev(ratios) / mean
-    runs = [summarize(simulate(workload, cm, SimConfig(sched, usd, step_jitter_cv=cv, jitter_seed=k)).requests)
-            for k in range(seeds)]
+    runs = [
+        summarize(simulate(workload, cm, SimConfig(sched, usd, step_jitter_cv=cv, jitter_seed=k)).requests)
+        for k in range(seeds)
+    ]
     band = {}
     for t in runs[0]:
         ttft = [r[t].ttft_mean_s for r in runs]
@@ -304,12 +384,23 @@ def tier_errors(real_t: dict, sim_t: dict) -> dict:
     out = {}
     for t in real_t:
         a, b = real_t[t], sim_t[t]
-        out[t] = {"num_requests": a.num_requests,
-                  "real": {"ttft_mean_s": a.ttft_mean_s, "ttft_p50_s": a.ttft_p50_s, "tpot_mean_s": a.tpot_mean_s,
-                           "tok_s_p50": a.tok_s_p50},
-                  "sim": {"ttft_mean_s": b.ttft_mean_s, "ttft_p50_s": b.ttft_p50_s, "tpot_mean_s": b.tpot_mean_s,
-                          "tok_s_p50": b.tok_s_p50},
-                  "ttft_error": err(b.ttft_mean_s, a.ttft_mean_s), "tpot_error": err(b.tpot_mean_s, a.tpot_mean_s)}
+        out[t] = {
+            "num_requests": a.num_requests,
+            "real": {
+                "ttft_mean_s": a.ttft_mean_s,
+                "ttft_p50_s": a.ttft_p50_s,
+                "tpot_mean_s": a.tpot_mean_s,
+                "tok_s_p50": a.tok_s_p50,
+            },
+            "sim": {
+                "ttft_mean_s": b.ttft_mean_s,
+                "ttft_p50_s": b.ttft_p50_s,
+                "tpot_mean_s": b.tpot_mean_s,
+                "tok_s_p50": b.tok_s_p50,
+            },
+            "ttft_error": err(b.ttft_mean_s, a.ttft_mean_s),
+            "tpot_error": err(b.tpot_mean_s, a.tpot_mean_s),
+        }
     return out
 
 
@@ -320,9 +411,14 @@ def tails(points, priced) -> dict:
     is what a fit to the points' medians would miss."""
     ratios = [p.step_s / p.median_s for p in points if p.median_s > 0]
     load = [m / q for _, _, m, q in priced]
-    return {"points_mean_over_median": statistics.median(ratios) if ratios else None,
-            "load_measured_over_predicted": {"mean": statistics.fmean(load), "median": statistics.median(load),
-                                             "total": sum(m for *_, m, _ in priced) / sum(q for *_, q in priced)}}
+    return {
+        "points_mean_over_median": statistics.median(ratios) if ratios else None,
+        "load_measured_over_predicted": {
+            "mean": statistics.fmean(load),
+            "median": statistics.median(load),
+            "total": sum(m for *_, m, _ in priced) / sum(q for *_, q in priced),
+        },
+    }
 
 
 def at_medians(points) -> list:
@@ -383,9 +479,17 @@ def replay_loads(args, loaded, cm, log, probe=None) -> list[dict]:
     loads: list[dict] = []
     for k in range(args.replays):
         # Speculation off: the simulator has no model of draft acceptance (docs/simulator.md).
-        engine = LLMEngine(EngineConfig(dtype=fmt_dtype, kv_cache_gib=0.5, max_num_seqs=args.max_num_seqs,
-                                        fast_lane_max_batch=args.fast_lane_max_batch, num_threads=args.threads,
-                                        speculative="off"), loaded=loaded)
+        engine = LLMEngine(
+            EngineConfig(
+                dtype=fmt_dtype,
+                kv_cache_gib=0.5,
+                max_num_seqs=args.max_num_seqs,
+                fast_lane_max_batch=args.fast_lane_max_batch,
+                num_threads=args.threads,
+                speculative="off",
+            ),
+            loaded=loaded,
+        )
         usd = engine.config.usd_per_machine_hour
         if not loads:
             workload, rate = make_workload(args, cm, engine.scheduler_config, usd, log)
@@ -403,13 +507,25 @@ def replay_figures(load: dict, cm) -> dict:
     real = load["real"]
     sim = simulate(load["workload"], cm, SimConfig(load["sched"], load["usd"]))
     priced = steps_priced(real, cm)
-    return {"tiers": tier_errors(summarize(real.requests), summarize(sim.requests)),
-            "load_vs_fit": load_vs_fit(priced),
-            "steps_priced": [[k, round(e, 4), round(m, 6), round(p, 6)] for k, e, m, p in priced],
-            "real": {"makespan_s": real.makespan_s, "busy_s": real.busy_s, "num_steps": real.num_steps,
-                     "mean_step_s": statistics.fmean(s[1] for s in real.steps), "mean_lateness_s": real.mean_lateness_s},
-            "sim": {"makespan_s": sim.makespan_s, "busy_s": sim.busy_s, "num_steps": sim.num_steps,
-                    "mean_step_s": sim.busy_s / sim.num_steps, "num_preemptions": sim.num_preemptions}}
+    return {
+        "tiers": tier_errors(summarize(real.requests), summarize(sim.requests)),
+        "load_vs_fit": load_vs_fit(priced),
+        "steps_priced": [[k, round(e, 4), round(m, 6), round(p, 6)] for k, e, m, p in priced],
+        "real": {
+            "makespan_s": real.makespan_s,
+            "busy_s": real.busy_s,
+            "num_steps": real.num_steps,
+            "mean_step_s": statistics.fmean(s[1] for s in real.steps),
+            "mean_lateness_s": real.mean_lateness_s,
+        },
+        "sim": {
+            "makespan_s": sim.makespan_s,
+            "busy_s": sim.busy_s,
+            "num_steps": sim.num_steps,
+            "mean_step_s": sim.busy_s / sim.num_steps,
+            "num_preemptions": sim.num_preemptions,
+        },
+    }
 
 
 def load_vs_fit(priced) -> float:
@@ -442,119 +558,180 @@ def compare_load(loads: list[dict], cm, profiles: list[tuple] | None = None) -> 
     flat = [s for p in priced for s in p]
     during = load_vs_fit(flat)
     first = loads[0]
-    return {"rate_per_s": first["rate"], "num_requests": len(first["workload"]), "replays": len(loads),
-            "tiers": simulated_tiers(loads, cm),
-            "per_replay": per_replay,
-            "replay_spread": replay_spread(per_replay),
-            "at_probe_speed": {"tiers": simulated_tiers(loads, cm, profiles)} if profiles else None,
-            "at_in_situ_speed": {"factor": during, "tiers": simulated_tiers(loads, slowed(cm, during))},
-            "at_own_pace": {f"{w:g}": simulated_tiers(loads, cm, [own_pace(p, w) for p in priced]) for w in (15.0, 5.0)},
-            "sampling_band": sampling_band(first["workload"], flat, cm, first["sched"], first["usd"]),
-            "steps_in_situ": step_errors_in_situ(priced),
-            "scheduler": dict(first["sched"].__dict__)}
+    return {
+        "rate_per_s": first["rate"],
+        "num_requests": len(first["workload"]),
+        "replays": len(loads),
+        "tiers": simulated_tiers(loads, cm),
+        "per_replay": per_replay,
+        "replay_spread": replay_spread(per_replay),
+        "at_probe_speed": {"tiers": simulated_tiers(loads, cm, profiles)} if profiles else None,
+        "at_in_situ_speed": {"factor": during, "tiers": simulated_tiers(loads, slowed(cm, during))},
+        "at_own_pace": {f"{w:g}": simulated_tiers(loads, cm, [own_pace(p, w) for p in priced]) for w in (15.0, 5.0)},
+        "sampling_band": sampling_band(first["workload"], flat, cm, first["sched"], first["usd"]),
+        "steps_in_situ": step_errors_in_situ(priced),
+        "scheduler": dict(first["sched"].__dict__),
+    }
 
 
 def print_tiers(tiers: dict) -> None:
     for t, r in tiers.items():
-        print(f"  {t:<9}{r['num_requests']:>4}{r['real']['ttft_mean_s'] * 1e3:>9.0f}ms{r['sim']['ttft_mean_s'] * 1e3:>8.0f}ms"
-              f"{r['ttft_error']:>+8.1%}{r['real']['tpot_mean_s'] * 1e3:>9.1f}ms{r['sim']['tpot_mean_s'] * 1e3:>8.1f}ms"
-              f"{r['tpot_error']:>+8.1%}")
+        print(
+            f"  {t:<9}{r['num_requests']:>4}{r['real']['ttft_mean_s'] * 1e3:>9.0f}ms{r['sim']['ttft_mean_s'] * 1e3:>8.0f}ms"
+            f"{r['ttft_error']:>+8.1%}{r['real']['tpot_mean_s'] * 1e3:>9.1f}ms{r['sim']['tpot_mean_s'] * 1e3:>8.1f}ms"
+            f"{r['tpot_error']:>+8.1%}"
+        )
 
 
 def print_report(rep: dict) -> None:
     m = rep["machine"]
-    print(f"\nmachine: {m['processor']}, {m['cpus']} CPUs, torch threads {m['torch_threads']}, {rep['clock']} clock, "
-          f"load avg {m['load_avg_start'][0]:.2f} -> {m['load_avg_end'][0]:.2f}; model {rep['model']} {rep['dtype']}")
+    print(
+        f"\nmachine: {m['processor']}, {m['cpus']} CPUs, torch threads {m['torch_threads']}, {rep['clock']} clock, "
+        f"load avg {m['load_avg_start'][0]:.2f} -> {m['load_avg_end'][0]:.2f}; model {rep['model']} {rep['dtype']}"
+    )
     c = rep["calibration"]
     split = c.get("small_step_max_tokens", 0)
     tiles = f" (tiles of {c['token_tile']})" if c.get("token_tile") else ""
-    for label, g in ([(f"steps <= {split} tokens", c["small_step"]), ("larger steps" + tiles, c)] if split else [("", c)]):
-        print(f"calibration {label}: overhead {g['overhead_s'] * 1e3:.2f} ms, {g['per_token_s'] * 1e6:.1f} us/token, "
-              f"{g['per_seq_s'] * 1e3:.2f} ms/seq, {g['mem_bw_GBps']:.1f} GB/s, eta_c {g['eta_c']:.3f}")
+    for label, g in (
+        [(f"steps <= {split} tokens", c["small_step"]), ("larger steps" + tiles, c)] if split else [("", c)]
+    ):
+        print(
+            f"calibration {label}: overhead {g['overhead_s'] * 1e3:.2f} ms, {g['per_token_s'] * 1e6:.1f} us/token, "
+            f"{g['per_seq_s'] * 1e3:.2f} ms/seq, {g['mem_bw_GBps']:.1f} GB/s, eta_c {g['eta_c']:.3f}"
+        )
     print(f"  from {c.get('file')}")
     print(f"\nstep time, held-out points (target |error| <= {STEP_TARGET:.0%})")
     print(f"  {'kind':<8}{'batch':>6}{'ctx':>6}{'tokens':>7}{'measured ms':>13}{'sim ms':>10}{'error':>9}{'spread':>8}")
     for r in rep["steps"]:
-        print(f"  {r['kind']:<8}{r['batch']:>6}{r['context']:>6}{r['tokens']:>7}{r['measured_s'] * 1e3:>13.2f}"
-              f"{r['predicted_s'] * 1e3:>10.2f}{r['error']:>+9.1%}{r['spread']:>8.0%}")
+        print(
+            f"  {r['kind']:<8}{r['batch']:>6}{r['context']:>6}{r['tokens']:>7}{r['measured_s'] * 1e3:>13.2f}"
+            f"{r['predicted_s'] * 1e3:>10.2f}{r['error']:>+9.1%}{r['spread']:>8.0%}"
+        )
     L = rep["load"]
-    print(f"\ntiered load: {L['num_requests']} requests at {L['rate_per_s']} req/s, replayed {L['replays']} times, "
-          f"max_num_seqs {L['scheduler']['max_num_seqs']}, fast lane {L['scheduler']['fast_lane_max_batch']}; "
-          f"the replays' requests pooled (target |error| <= {TIER_TARGET:.0%})")
-    print(f"  {'tier':<9}{'n':>4}{'TTFT real':>11}{'TTFT sim':>10}{'error':>8}{'TPOT real':>11}{'TPOT sim':>10}{'error':>8}")
+    print(
+        f"\ntiered load: {L['num_requests']} requests at {L['rate_per_s']} req/s, replayed {L['replays']} times, "
+        f"max_num_seqs {L['scheduler']['max_num_seqs']}, fast lane {L['scheduler']['fast_lane_max_batch']}; "
+        f"the replays' requests pooled (target |error| <= {TIER_TARGET:.0%})"
+    )
+    print(
+        f"  {'tier':<9}{'n':>4}{'TTFT real':>11}{'TTFT sim':>10}{'error':>8}{'TPOT real':>11}{'TPOT sim':>10}{'error':>8}"
+    )
     print_tiers(L["tiers"])
     for k, r in enumerate(L["per_replay"]):
-        print(f"  replay {k + 1} on its own (its steps x{r['load_vs_fit']:.3f} the fit's time): " + ", ".join(
-            f"{t} TTFT {e['ttft_error']:+.1%} TPOT {e['tpot_error']:+.1%}" for t, e in r["tiers"].items())
-              + f"; makespan real {r['real']['makespan_s']:.1f} s, sim {r['sim']['makespan_s']:.1f} s; steps real "
-              f"{r['real']['num_steps']}, sim {r['sim']['num_steps']}; mean step real "
-              f"{r['real']['mean_step_s'] * 1e3:.1f} ms, sim {r['sim']['mean_step_s'] * 1e3:.1f} ms; busy real "
-              f"{r['real']['busy_s'] / r['real']['makespan_s']:.0%}, sim {r['sim']['busy_s'] / r['sim']['makespan_s']:.0%}")
-    print("  the replays' own means apart ((max - min) / mean): " + ", ".join(
-        f"{t} TTFT {x['ttft_mean_s']:.1%} TPOT {x['tpot_mean_s']:.1%}" for t, x in L["replay_spread"].items()))
+        print(
+            f"  replay {k + 1} on its own (its steps x{r['load_vs_fit']:.3f} the fit's time): "
+            + ", ".join(f"{t} TTFT {e['ttft_error']:+.1%} TPOT {e['tpot_error']:+.1%}" for t, e in r["tiers"].items())
+            + f"; makespan real {r['real']['makespan_s']:.1f} s, sim {r['sim']['makespan_s']:.1f} s; steps real "
+            f"{r['real']['num_steps']}, sim {r['sim']['num_steps']}; mean step real "
+            f"{r['real']['mean_step_s'] * 1e3:.1f} ms, sim {r['sim']['mean_step_s'] * 1e3:.1f} ms; busy real "
+            f"{r['real']['busy_s'] / r['real']['makespan_s']:.0%}, sim {r['sim']['busy_s'] / r['sim']['makespan_s']:.0%}"
+        )
+    print(
+        "  the replays' own means apart ((max - min) / mean): "
+        + ", ".join(
+            f"{t} TTFT {x['ttft_mean_s']:.1%} TPOT {x['tpot_mean_s']:.1%}" for t, x in L["replay_spread"].items()
+        )
+    )
     P = L.get("at_probe_speed")
     if P:
-        print(f"  at the machine's pace during the load as the probe measured it (mean x{rep['probe']['load_speed_mean']:.3f} "
-              "the rounds' median, followed over time):")
+        print(
+            f"  at the machine's pace during the load as the probe measured it (mean x{rep['probe']['load_speed_mean']:.3f} "
+            "the rounds' median, followed over time):"
+        )
         print_tiers(P["tiers"])
     V = L["at_in_situ_speed"]
-    print(f"  diagnostic, simulated at the speed the engine ran during the load (x{V['factor']:.3f}): " + ", ".join(
-        f"{t} TTFT {r['ttft_error']:+.1%} TPOT {r['tpot_error']:+.1%}" for t, r in V["tiers"].items()))
+    print(
+        f"  diagnostic, simulated at the speed the engine ran during the load (x{V['factor']:.3f}): "
+        + ", ".join(f"{t} TTFT {r['ttft_error']:+.1%} TPOT {r['tpot_error']:+.1%}" for t, r in V["tiers"].items())
+    )
     for window, tiers in L.get("at_own_pace", {}).items():
-        print(f"  diagnostic, at the engine's own pace per {window} s of load (its steps' measured / predicted): "
-              + ", ".join(f"{t} TTFT {r['ttft_error']:+.1%} TPOT {r['tpot_error']:+.1%}" for t, r in tiers.items()))
+        print(
+            f"  diagnostic, at the engine's own pace per {window} s of load (its steps' measured / predicted): "
+            + ", ".join(f"{t} TTFT {r['ttft_error']:+.1%} TPOT {r['tpot_error']:+.1%}" for t, r in tiers.items())
+        )
     B = L["sampling_band"]
-    print(f"  diagnostic, chance alone: {B['seeds']} simulations with the engine's step-to-step spread "
-          f"(CV {B['cv']:.2f}) put the tiers' means at " + ", ".join(
-              f"{t} TTFT {b['ttft_mean_s'][0] * 1e3:.0f}-{b['ttft_mean_s'][1] * 1e3:.0f} ms TPOT "
-              f"{b['tpot_mean_s'][0] * 1e3:.1f}-{b['tpot_mean_s'][1] * 1e3:.1f} ms" for t, b in B["tiers"].items()))
-    print("  in situ: the cost model on the real engine's own steps under this load (last column: with each "
-          "step's 15 s of load at its own pace, the drift taken out)")
+    print(
+        f"  diagnostic, chance alone: {B['seeds']} simulations with the engine's step-to-step spread "
+        f"(CV {B['cv']:.2f}) put the tiers' means at "
+        + ", ".join(
+            f"{t} TTFT {b['ttft_mean_s'][0] * 1e3:.0f}-{b['ttft_mean_s'][1] * 1e3:.0f} ms TPOT "
+            f"{b['tpot_mean_s'][0] * 1e3:.1f}-{b['tpot_mean_s'][1] * 1e3:.1f} ms"
+            for t, b in B["tiers"].items()
+        )
+    )
+    print(
+        "  in situ: the cost model on the real engine's own steps under this load (last column: with each "
+        "step's 15 s of load at its own pace, the drift taken out)"
+    )
     for kind, r in L["steps_in_situ"].items():
-        print(f"    {kind:<16}{r['num_steps']:>5} steps  measured {r['measured_mean_s'] * 1e3:7.1f} ms  "
-              f"predicted {r['predicted_mean_s'] * 1e3:7.1f} ms  {r['error']:+.1%}  {r['error_in_window']:+.1%}")
+        print(
+            f"    {kind:<16}{r['num_steps']:>5} steps  measured {r['measured_mean_s'] * 1e3:7.1f} ms  "
+            f"predicted {r['predicted_mean_s'] * 1e3:7.1f} ms  {r['error']:+.1%}  {r['error_in_window']:+.1%}"
+        )
     speeds = rep["round_speeds"]
     nb, nd = rep["rounds"]["before"], rep["rounds"].get("during", 0)
-    print("  drift: each round's step times over the merged points' (median over points): "
-          + " ".join(f"{x:.3f}" for x in speeds[:nb]) + " | during the load: "
-          + " ".join(f"{x:.3f}" for x in speeds[nb:nb + nd]) + " | " + " ".join(f"{x:.3f}" for x in speeds[nb + nd:]))
+    print(
+        "  drift: each round's step times over the merged points' (median over points): "
+        + " ".join(f"{x:.3f}" for x in speeds[:nb])
+        + " | during the load: "
+        + " ".join(f"{x:.3f}" for x in speeds[nb : nb + nd])
+        + " | "
+        + " ".join(f"{x:.3f}" for x in speeds[nb + nd :])
+    )
     pr = rep["probe"]
     if pr["round_speeds"]:
         prof = [f for p in pr["load_profiles"] or () for _, f in p]
         tenths = [prof[min(len(prof) - 1, k * len(prof) // 10)] for k in range(10)] if prof else []
-        print(f"  drift, the probe ({pr['batch']} x {pr['prompt_tokens']}-token prefill + {pr['decode_steps']} decodes, "
-              f"median {statistics.median(t for r in pr['rounds_s'] for t in r) * 1e3:.0f} ms in the rounds) "
-              "over its median in the rounds, by round: " + " ".join(f"{x:.3f}" for x in pr["round_speeds"][:nb])
-              + " | load (replays in turn), by tenths: " + " ".join(f"{x:.2f}" for x in tenths) + " | "
-              + " ".join(f"{x:.3f}" for x in pr["round_speeds"][nb:]))
+        print(
+            f"  drift, the probe ({pr['batch']} x {pr['prompt_tokens']}-token prefill + {pr['decode_steps']} decodes, "
+            f"median {statistics.median(t for r in pr['rounds_s'] for t in r) * 1e3:.0f} ms in the rounds) "
+            "over its median in the rounds, by round: "
+            + " ".join(f"{x:.3f}" for x in pr["round_speeds"][:nb])
+            + " | load (replays in turn), by tenths: "
+            + " ".join(f"{x:.2f}" for x in tenths)
+            + " | "
+            + " ".join(f"{x:.3f}" for x in pr["round_speeds"][nb:])
+        )
     for k, tr in enumerate(pr.get("tracking") or ()):
         if tr["correlation"] is not None:
-            print(f"  drift tracking, replay {k + 1}, per {tr['window_s']:.0f} s of load: the engine's steps (measured / "
-                  f"predicted) vs the probe: correlation {tr['correlation']:.2f} over {len(tr['windows'])} windows; steps "
-                  + " ".join(f"{a:.2f}" for _, a, _ in tr["windows"]) + "; probe "
-                  + " ".join(f"{b:.2f}" for _, _, b in tr["windows"]))
+            print(
+                f"  drift tracking, replay {k + 1}, per {tr['window_s']:.0f} s of load: the engine's steps (measured / "
+                f"predicted) vs the probe: correlation {tr['correlation']:.2f} over {len(tr['windows'])} windows; steps "
+                + " ".join(f"{a:.2f}" for _, a, _ in tr["windows"])
+                + "; probe "
+                + " ".join(f"{b:.2f}" for _, _, b in tr["windows"])
+            )
     T = rep.get("tails")
     if T:
         ld = T["load_measured_over_predicted"]
-        print(f"  tails: a calibration point's mean step over its median: x{T['points_mean_over_median']:.3f} (median "
-              f"over points); the load's steps, measured / predicted: total x{ld['total']:.3f}, mean x{ld['mean']:.3f}, "
-              f"median x{ld['median']:.3f}")
+        print(
+            f"  tails: a calibration point's mean step over its median: x{T['points_mean_over_median']:.3f} (median "
+            f"over points); the load's steps, measured / predicted: total x{ld['total']:.3f}, mean x{ld['mean']:.3f}, "
+            f"median x{ld['median']:.3f}"
+        )
     M = rep.get("fit_on_medians")
     if M:
         worst = max((abs(r["error"]) for r in M["steps"]), default=float("nan"))
-        print(f"  diagnostic, fitted to the points' medians: held-out steps worst "
-              f"{worst:.1%}; " + ", ".join(f"{t} TTFT {r['ttft_error']:+.1%} TPOT {r['tpot_error']:+.1%}"
-                                           for t, r in M["tiers"].items()))
+        print(
+            f"  diagnostic, fitted to the points' medians: held-out steps worst "
+            f"{worst:.1%}; "
+            + ", ".join(f"{t} TTFT {r['ttft_error']:+.1%} TPOT {r['tpot_error']:+.1%}" for t, r in M["tiers"].items())
+        )
     v = rep["verdict"]
     ok = lambda b: "PASS" if b else "FAIL"  # noqa: E731
-    print(f"\nstep max |error| {v['step_max_abs_error']:.1%} ({ok(v['steps_pass'])}), "
-          f"tier max |error| {v['tier_max_abs_error']:.1%} at the calibration's speed, replays pooled "
-          f"({ok(v['tiers_pass'])}; each replay on its own: "
-          + " ".join(f"{e:.1%}" for e in v["tier_max_abs_error_by_replay"])
-          + f", {v['replays_passing']} of {len(v['tier_max_abs_error_by_replay'])} within the target), "
-          + (f"(diagnostic: {v['tier_max_abs_error_at_probe_speed']:.1%} at the probe's pace); "
-             if v["tiers_pass_at_probe_speed"] is not None else "")
-          + f"run took {rep['wall_s']:.0f} s")
+    print(
+        f"\nstep max |error| {v['step_max_abs_error']:.1%} ({ok(v['steps_pass'])}), "
+        f"tier max |error| {v['tier_max_abs_error']:.1%} at the calibration's speed, replays pooled "
+        f"({ok(v['tiers_pass'])}; each replay on its own: "
+        + " ".join(f"{e:.1%}" for e in v["tier_max_abs_error_by_replay"])
+        + f", {v['replays_passing']} of {len(v['tier_max_abs_error_by_replay'])} within the target), "
+        + (
+            f"(diagnostic: {v['tier_max_abs_error_at_probe_speed']:.1%} at the probe's pace); "
+            if v["tiers_pass_at_probe_speed"] is not None
+            else ""
+        )
+        + f"run took {rep['wall_s']:.0f} s"
+    )
 
 
 def main(argv=None) -> int:
@@ -625,8 +802,15 @@ def main(argv=None) -> int:
             during.append(points)
 
     units = during_units()
-    per_unit = max(1, round(args.duration_s * args.replays / max(1, args.rounds_during * units_per_sweep(
-        sweep_config(args, contexts, chunks, 1))) / args.probe_every_s))
+    per_unit = max(
+        1,
+        round(
+            args.duration_s
+            * args.replays
+            / max(1, args.rounds_during * units_per_sweep(sweep_config(args, contexts, chunks, 1)))
+            / args.probe_every_s
+        ),
+    )
     ticks = itertools.count(1)
 
     def tick() -> float:
@@ -642,18 +826,29 @@ def main(argv=None) -> int:
         pass
     after = measure(args.rounds_after)
     merged = merge_rounds(before + during + after)
-    rep["rounds"] = {"before": len(before), "during": len(during), "after": len(after),
-                     "ticks_per_unit_during": per_unit}
+    rep["rounds"] = {
+        "before": len(before),
+        "during": len(during),
+        "after": len(after),
+        "ticks_per_unit_during": per_unit,
+    }
     rep["round_speeds"] = round_speeds(before + during + after, merged)
     ref = [t for r in probes for t in r]
     on_load = [load["real"].probes for load in loads]  # per replay
     profiles = [speed_profile(o, ref) for o in on_load] if ref and all(on_load) else None
-    rep["probe"] = {"batch": probe.batch, "prompt_tokens": probe.prompt_tokens, "decode_steps": probe.decode_steps,
-                    "every_s": args.probe_every_s, "rounds_s": probes, "load_s": on_load,
-                    "round_speeds": [relative_speed(r, ref) for r in probes] if ref else [],
-                    "load_speed_mean": statistics.fmean(s for o in on_load for _, s in o) / statistics.median(ref)
-                    if profiles else None,
-                    "load_profiles": profiles}
+    rep["probe"] = {
+        "batch": probe.batch,
+        "prompt_tokens": probe.prompt_tokens,
+        "decode_steps": probe.decode_steps,
+        "every_s": args.probe_every_s,
+        "rounds_s": probes,
+        "load_s": on_load,
+        "round_speeds": [relative_speed(r, ref) for r in probes] if ref else [],
+        "load_speed_mean": statistics.fmean(s for o in on_load for _, s in o) / statistics.median(ref)
+        if profiles
+        else None,
+        "load_profiles": profiles,
+    }
     rep["points_by_round"] = [[p.to_json() for p in points] for points in before + during + after]
     cm, rep["calibration"] = fit_cost_model(args, loaded, [p for p in merged if not is_held_out(p, args)], log)
     rep["calibration"].pop("points", None)
@@ -666,8 +861,10 @@ def main(argv=None) -> int:
         held = at_medians([p for p in merged if is_held_out(p, args)])
         rep["fit_on_medians"] = {"steps": check_steps(held, cm_med), "tiers": simulated_tiers(loads, cm_med)}
     if profiles:
-        rep["probe"]["tracking"] = [drift_tracking(r["steps_priced"], o, statistics.median(ref))
-                                    for r, o in zip(rep["load"]["per_replay"], on_load)]
+        rep["probe"]["tracking"] = [
+            drift_tracking(r["steps_priced"], o, statistics.median(ref))
+            for r, o in zip(rep["load"]["per_replay"], on_load)
+        ]
     rep["machine"]["load_avg_end"] = os.getloadavg()
     step_err = max((abs(r["error"]) for r in rep["steps"]), default=float("nan"))
     tier_max = lambda tiers: max(max(abs(r["ttft_error"]), abs(r["tpot_error"])) for r in tiers.values())  # noqa: E731
@@ -675,12 +872,16 @@ def main(argv=None) -> int:
     by_replay = [tier_max(r["tiers"]) for r in rep["load"]["per_replay"]]
     at_probe = rep["load"]["at_probe_speed"]
     probe_err = tier_max(at_probe["tiers"]) if at_probe else float("nan")
-    rep["verdict"] = {"step_max_abs_error": step_err, "steps_pass": step_err <= STEP_TARGET,
-                      "tier_max_abs_error": tier_err, "tiers_pass": tier_err <= TIER_TARGET,
-                      "tier_max_abs_error_by_replay": by_replay,
-                      "replays_passing": sum(e <= TIER_TARGET for e in by_replay),
-                      "tier_max_abs_error_at_probe_speed": probe_err,
-                      "tiers_pass_at_probe_speed": probe_err <= TIER_TARGET if at_probe else None}
+    rep["verdict"] = {
+        "step_max_abs_error": step_err,
+        "steps_pass": step_err <= STEP_TARGET,
+        "tier_max_abs_error": tier_err,
+        "tiers_pass": tier_err <= TIER_TARGET,
+        "tier_max_abs_error_by_replay": by_replay,
+        "replays_passing": sum(e <= TIER_TARGET for e in by_replay),
+        "tier_max_abs_error_at_probe_speed": probe_err,
+        "tiers_pass_at_probe_speed": probe_err <= TIER_TARGET if at_probe else None,
+    }
     rep["wall_s"] = time.perf_counter() - t0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -26,11 +26,17 @@ from pathlib import Path
 
 def choose_rounds(spec: str, rounds: dict) -> list[int]:
     nb, nd, na = rounds["before"], rounds.get("during", 0), rounds["after"]
-    named = {"all": range(nb + nd + na), "during": range(nb, nb + nd), "around": [*range(nb), *range(nb + nd, nb + nd + na)]}
+    named = {
+        "all": range(nb + nd + na),
+        "during": range(nb, nb + nd),
+        "around": [*range(nb), *range(nb + nd, nb + nd + na)],
+    }
     picked = list(named[spec]) if spec in named else [int(x) for x in spec.split(",")]
     if not picked or any(not 0 <= i < nb + nd + na for i in picked):
-        raise SystemExit(f"--rounds {spec!r}: this run has rounds 0-{nb + nd + na - 1} ({nb} before, {nd} during, "
-                         f"{na} after); none chosen, or out of range")
+        raise SystemExit(
+            f"--rounds {spec!r}: this run has rounds 0-{nb + nd + na - 1} ({nb} before, {nd} during, "
+            f"{na} after); none chosen, or out of range"
+        )
     return picked
 
 
@@ -38,8 +44,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run", help="a JSON written by benchmarks/validation/sim_validation.py (with per-round points)")
     p.add_argument("--rounds", default="during", help="all, during, around (before and after), or indices like 0,3")
-    p.add_argument("--estimator", default="mean", choices=["mean", "median"],
-                   help="fit each point's mean step time (default) or its median (needs a run that saved medians)")
+    p.add_argument(
+        "--estimator",
+        default="mean",
+        choices=["mean", "median"],
+        help="fit each point's mean step time (default) or its median (needs a run that saved medians)",
+    )
     args = p.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.validation
     from benchmarks.validation import sim_validation as sv
@@ -69,8 +79,10 @@ def main(argv=None) -> int:
     sched = SchedulerConfig(**rep["load"]["scheduler"])
     workload, _ = sv.make_workload(vargs, cm, sched, 1.0, log)
     if len(workload) != rep["load"]["num_requests"]:
-        raise SystemExit(f"regenerated {len(workload)} requests, the run replayed {rep['load']['num_requests']}: "
-                         "its workload options differ from this script's defaults")
+        raise SystemExit(
+            f"regenerated {len(workload)} requests, the run replayed {rep['load']['num_requests']}: "
+            "its workload options differ from this script's defaults"
+        )
     sim_t = summarize(simulate(workload, cm, SimConfig(sched)).requests)  # prices do not move TTFT or TPOT
     steps = sv.check_steps([q for q in merged if sv.is_held_out(q, vargs)], cm)
     print(f"{args.run}: fitted to the {args.estimator}s of rounds {picked} of {rep['rounds']}")
@@ -85,19 +97,33 @@ def main(argv=None) -> int:
     replays = rep["load"].get("per_replay") or [rep["load"]]  # a run without per_replay replayed once
     for k, r in enumerate(replays if len(replays) > 1 else ()):
         level = f" (its steps x{sv.load_vs_fit(r['steps_priced']):.3f} the run's fit)" if "steps_priced" in r else ""
-        print(f"  replay {k + 1} on its own{level}: " + ", ".join(
-            f"{t} TTFT {sv.err(sim_t[t].ttft_mean_s, e['real']['ttft_mean_s']):+.1%} "
-            f"TPOT {sv.err(sim_t[t].tpot_mean_s, e['real']['tpot_mean_s']):+.1%}" for t, e in r["tiers"].items()))
+        print(
+            f"  replay {k + 1} on its own{level}: "
+            + ", ".join(
+                f"{t} TTFT {sv.err(sim_t[t].ttft_mean_s, e['real']['ttft_mean_s']):+.1%} "
+                f"TPOT {sv.err(sim_t[t].tpot_mean_s, e['real']['tpot_mean_s']):+.1%}"
+                for t, e in r["tiers"].items()
+            )
+        )
     priced = [r["steps_priced"] for r in replays if "steps_priced" in r]
     if priced and args.rounds == "all" and args.estimator == "mean":
         # The run's own fit priced its steps; with all rounds' means this refit is that fit.
         for window_s in (15.0, 5.0):
-            sim_p = summarize([m for p in priced for m in simulate_at_pace(
-                workload, cm, SimConfig(sched), sv.own_pace(p, window_s)).requests])
-            print(f"  at the engine's own pace per {window_s:g} s of load: " + ", ".join(
-                f"{t} TTFT {sv.err(sim_p[t].ttft_mean_s, r['real']['ttft_mean_s']):+.1%} "
-                f"TPOT {sv.err(sim_p[t].tpot_mean_s, r['real']['tpot_mean_s']):+.1%}"
-                for t, r in rep["load"]["tiers"].items()))
+            sim_p = summarize(
+                [
+                    m
+                    for p in priced
+                    for m in simulate_at_pace(workload, cm, SimConfig(sched), sv.own_pace(p, window_s)).requests
+                ]
+            )
+            print(
+                f"  at the engine's own pace per {window_s:g} s of load: "
+                + ", ".join(
+                    f"{t} TTFT {sv.err(sim_p[t].ttft_mean_s, r['real']['ttft_mean_s']):+.1%} "
+                    f"TPOT {sv.err(sim_p[t].tpot_mean_s, r['real']['tpot_mean_s']):+.1%}"
+                    for t, r in rep["load"]["tiers"].items()
+                )
+            )
     if priced:  # the run's own fit on the load's steps (this refit does not re-price them)
         print("  in situ, the run's own fit: error, and error with the drift taken out (15 s windows)")
         for kind, r in sv.step_errors_in_situ(priced).items():

@@ -29,7 +29,7 @@ class RopeScaling:
             raise ValueError(f"rope scaling factor must be > 0, got {self.factor}")
 
     @classmethod
-    def from_hf(cls, d: dict[str, Any] | None) -> "RopeScaling":
+    def from_hf(cls, d: dict[str, Any] | None) -> RopeScaling:
         if not d:
             return cls()
         kind = d.get("rope_type", d.get("type", "none")) or "none"

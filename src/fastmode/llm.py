@@ -29,7 +29,7 @@ class CompletionOutput:
     metrics: RequestMetrics | None
 
     @classmethod
-    def from_request(cls, o: RequestOutput) -> "CompletionOutput":
+    def from_request(cls, o: RequestOutput) -> CompletionOutput:
         return cls(o.text, o.token_ids, o.prompt_token_ids, o.finish_reason, o.tier, o.metrics)
 
 

@@ -36,9 +36,26 @@ def bench(server, tmp_path, *argv: str) -> tuple[int, dict]:
 
 
 def test_closed_loop_sweep_counts_tiers_tokens_and_plots(server, tmp_path, long_prompts, capsys):
-    rc, rep = bench(server, tmp_path, "--concurrency", "1,3", "--num-requests", "5", "--max-tokens", "6",
-                    "--tier-mix", "fast=0.2,standard=0.8", "--prompts", long_prompts, "--warmup-requests", "1",
-                    "--slo-ttft-s", "fast=30,standard=60", "--plots", str(tmp_path / "plots"))
+    rc, rep = bench(
+        server,
+        tmp_path,
+        "--concurrency",
+        "1,3",
+        "--num-requests",
+        "5",
+        "--max-tokens",
+        "6",
+        "--tier-mix",
+        "fast=0.2,standard=0.8",
+        "--prompts",
+        long_prompts,
+        "--warmup-requests",
+        "1",
+        "--slo-ttft-s",
+        "fast=30,standard=60",
+        "--plots",
+        str(tmp_path / "plots"),
+    )
     assert rc == 0
     assert rep["setup"]["model"] == server.model  # found through GET /v1/models
     assert rep["setup"]["service_tier_field"] == {"fast": "priority", "standard": "default", "flex": "flex"}
@@ -62,7 +79,11 @@ def test_closed_loop_sweep_counts_tiers_tokens_and_plots(server, tmp_path, long_
     # The same seeded requests at every level.
     tiers = [[r["tier"] for r in lv["requests"]] for lv in rep["levels"]]
     assert tiers[0] == tiers[1]
-    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["cdf_c1.png", "cdf_c3.png", "latency_vs_throughput.png"]
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "cdf_c1.png",
+        "cdf_c3.png",
+        "latency_vs_throughput.png",
+    ]
     out = capsys.readouterr().out
     assert "concurrency 3: 5/5 completed" in out and "fast " in out and "standard " in out
 
@@ -100,8 +121,22 @@ def test_errors_are_counted_by_status(server, tmp_path):
 
 
 def test_completions_without_tier_field_or_usage_counts_chunks(server, tmp_path, long_prompts):
-    rc, rep = bench(server, tmp_path, "--endpoint", "completions", "--no-tier-field", "--no-usage",
-                    "--num-requests", "4", "--max-tokens", "6", "--prompts", long_prompts, "--tier-mix", "fast=1")
+    rc, rep = bench(
+        server,
+        tmp_path,
+        "--endpoint",
+        "completions",
+        "--no-tier-field",
+        "--no-usage",
+        "--num-requests",
+        "4",
+        "--max-tokens",
+        "6",
+        "--prompts",
+        long_prompts,
+        "--tier-mix",
+        "fast=1",
+    )
     assert rc == 0 and rep["setup"]["url"].endswith("/v1/completions")
     lv = rep["levels"][0]
     assert lv["tiers"]["fast"]["served_tiers"] == {"default": 4}  # only a label: served as standard
@@ -119,7 +154,9 @@ def test_ignore_eos_runs_to_max_tokens(server, tmp_path):
     assert rc == 0 and all(r["ok"] and r["output_tokens"] < 5 for r in rep["levels"][0]["requests"])  # EOS first
     rc, rep = bench(server, tmp_path, "--ignore-eos", *args)
     assert rc == 0 and rep["setup"]["ignore_eos"] is True
-    assert all(r["ok"] and r["output_tokens"] == 5 and r["finish_reason"] == "length" for r in rep["levels"][0]["requests"])
+    assert all(
+        r["ok"] and r["output_tokens"] == 5 and r["finish_reason"] == "length" for r in rep["levels"][0]["requests"]
+    )
 
 
 def test_closed_loop_bounded_by_time(server, long_prompts):
@@ -138,8 +175,9 @@ def test_closed_loop_bounded_by_time(server, long_prompts):
 
 
 def test_timeouts_are_errors_and_the_server_frees_the_request(server, tmp_path, long_prompts):
-    rc, rep = bench(server, tmp_path, "--timeout-s", "0.05", "--num-requests", "2", "--max-tokens", "300",
-                    "--prompts", long_prompts)
+    rc, rep = bench(
+        server, tmp_path, "--timeout-s", "0.05", "--num-requests", "2", "--max-tokens", "300", "--prompts", long_prompts
+    )
     assert rc == 1
     agg = rep["levels"][0]["aggregate"]
     assert agg["errors"] == {"timeout": 2} and agg["completed"] == 0

@@ -9,14 +9,31 @@ from fastmode.bench.load import LevelRun, LoadSpec
 from fastmode.bench.stats import SLO, distribution, parse_slo_value, summarize_level, summarize_records
 
 
-def rec(index: int, tier: str, ttft: float, gaps: list[float], tokens: int | None = None, status: int = 200,
-        error_kind: str | None = None, start: float = 100.0) -> RequestRecord:
+def rec(
+    index: int,
+    tier: str,
+    ttft: float,
+    gaps: list[float],
+    tokens: int | None = None,
+    status: int = 200,
+    error_kind: str | None = None,
+    start: float = 100.0,
+) -> RequestRecord:
     """A request sent at `start` whose text chunks arrive at start+ttft, then after each gap; e2e ends at the last."""
     chunks = [start + ttft]
     for g in gaps:
         chunks.append(chunks[-1] + g)
-    r = RequestRecord(index, tier, 64, start, end_s=chunks[-1], chunk_s=chunks, status=status,
-                      output_tokens=len(chunks) if tokens is None else tokens, usage_tokens=tokens is not None)
+    r = RequestRecord(
+        index,
+        tier,
+        64,
+        start,
+        end_s=chunks[-1],
+        chunk_s=chunks,
+        status=status,
+        output_tokens=len(chunks) if tokens is None else tokens,
+        usage_tokens=tokens is not None,
+    )
     if error_kind:
         r.fail(error_kind, "boom")
         r.chunk_s, r.output_tokens = [], 0
@@ -57,9 +74,9 @@ def test_slo_parsing():
 
 def test_goodput_errors_and_throughput():
     records = [
-        rec(0, "fast", 0.1, [0.01] * 9),   # TTFT 0.1, TPOT 0.01: good
-        rec(1, "fast", 0.3, [0.01] * 9),   # TTFT over fast's 0.2
-        rec(2, "fast", 0.1, [0.10] * 9),   # TPOT over 0.05
+        rec(0, "fast", 0.1, [0.01] * 9),  # TTFT 0.1, TPOT 0.01: good
+        rec(1, "fast", 0.3, [0.01] * 9),  # TTFT over fast's 0.2
+        rec(2, "fast", 0.1, [0.10] * 9),  # TPOT over 0.05
         rec(3, "fast", 0.1, [], status=429, error_kind="429"),
         rec(4, "standard", 0.3, [0.02] * 9),  # standard's TTFT limit is 1 s: good
         rec(5, "standard", 0.1, [], status=None, error_kind="timeout"),
@@ -96,7 +113,11 @@ def test_no_slo_means_every_completed_request_is_good():
 
 def test_load_spec_validation():
     assert LoadSpec("open", 2.5, duration_s=3).label == "r2.5"
-    for kwargs in ({"mode": "closed", "level": 1.5, "num_requests": 1}, {"mode": "open", "level": 0, "num_requests": 1},
-                   {"mode": "closed", "level": 1}, {"mode": "loop", "level": 1, "num_requests": 1}):
+    for kwargs in (
+        {"mode": "closed", "level": 1.5, "num_requests": 1},
+        {"mode": "open", "level": 0, "num_requests": 1},
+        {"mode": "closed", "level": 1},
+        {"mode": "loop", "level": 1, "num_requests": 1},
+    ):
         with pytest.raises(ValueError):
             LoadSpec(**kwargs)

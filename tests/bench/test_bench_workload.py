@@ -26,14 +26,20 @@ def test_tier_counts_match_the_mix_exactly_per_block():
     reqs = Workload(cfg).take(60)
     assert [r.index for r in reqs] == list(range(60))
     for b in range(3):
-        counts = Counter(r.tier for r in reqs[b * 20:(b + 1) * 20])
+        counts = Counter(r.tier for r in reqs[b * 20 : (b + 1) * 20])
         assert counts == {Tier.FAST: 4, Tier.STANDARD: 14, Tier.FLEX: 2}
     assert [r.tier for r in reqs[:20]] != [r.tier for r in reqs[20:40]]  # shuffled per block, not repeated
 
 
 def test_seeded_runs_are_identical_and_seeds_differ():
-    cfg = WorkloadConfig(prompts="synthetic", input_len="uniform:4:40", output_len="uniform:8:64",
-                         tier_mix="fast=0.5,standard=0.5", block_size=16, seed=7)
+    cfg = WorkloadConfig(
+        prompts="synthetic",
+        input_len="uniform:4:40",
+        output_len="uniform:8:64",
+        tier_mix="fast=0.5,standard=0.5",
+        block_size=16,
+        seed=7,
+    )
     a, b = Workload(cfg).take(40), Workload(cfg).take(40)
     assert a == b
     other = Workload(WorkloadConfig(**{**cfg.__dict__, "seed": 8})).take(40)
@@ -69,12 +75,21 @@ def test_request_body_tiers_and_options():
     cfg = EndpointConfig("http://h:1/v1/", "m", ignore_eos=True, extra_body={"top_k": 1})
     assert cfg.url == "http://h:1/v1/chat/completions" and normalize_base_url("http://h:1/") == "http://h:1"
     body = request_body(cfg, req)
-    assert body == {"model": "m", "stream": True, "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}],
-                    "stream_options": {"include_usage": True}, "temperature": 0.0, "service_tier": "priority",
-                    "ignore_eos": True, "top_k": 1}
+    assert body == {
+        "model": "m",
+        "stream": True,
+        "max_tokens": 32,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+        "service_tier": "priority",
+        "ignore_eos": True,
+        "top_k": 1,
+    }
     assert TIER_FIELD == {Tier.FAST: "priority", Tier.STANDARD: "default", Tier.FLEX: "flex"}
-    plain = request_body(EndpointConfig("http://h:1", "m", "completions", tier_field=False, include_usage=False,
-                                        temperature=None), req)
+    plain = request_body(
+        EndpointConfig("http://h:1", "m", "completions", tier_field=False, include_usage=False, temperature=None), req
+    )
     assert plain == {"model": "m", "stream": True, "max_tokens": 32, "prompt": "hi"}
 
 
@@ -82,7 +97,9 @@ def test_the_bench_never_imports_torch():
     import subprocess
     import sys
 
-    code = ("import sys, argparse, fastmode.bench.command as c, fastmode.bench.plots, fastmode.bench.stats, "
-            "fastmode.server.config, fastmode.distill.answers; c.register(argparse.ArgumentParser().add_subparsers()); "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+    code = (
+        "import sys, argparse, fastmode.bench.command as c, fastmode.bench.plots, fastmode.bench.stats, "
+        "fastmode.server.config, fastmode.distill.answers; c.register(argparse.ArgumentParser().add_subparsers()); "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -14,9 +14,28 @@ from fastmode.planner.hardware import Calibration
 
 def test_quick_calibration_writes_a_file_the_planner_accepts(tiny_llama_dir, tmp_path, capsys):
     out = tmp_path / "cal.json"
-    assert main(["calibrate", "--quick", "--model", str(tiny_llama_dir), "--dtype", "float32", "--threads", "1",
-                 "--clock", "cpu",
-                 "--out", str(out), "--usd-per-hour", "0.2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--quick",
+                "--model",
+                str(tiny_llama_dir),
+                "--dtype",
+                "float32",
+                "--threads",
+                "1",
+                "--clock",
+                "cpu",
+                "--out",
+                str(out),
+                "--usd-per-hour",
+                "0.2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     d = json.loads(out.read_text())
     assert d["hardware"] == "local" and d["weight_format"] == "fp32" and d["usd_per_hour"] == 0.2
@@ -26,7 +45,9 @@ def test_quick_calibration_writes_a_file_the_planner_accepts(tiny_llama_dir, tmp
     assert Calibration.load(out).fitted_from.startswith(f"fastmode calibrate: {tiny_llama_dir.name} fp32")
     points = load_points(out)
     kinds = {p.kind for p in points}
-    assert kinds == {"decode", "prefill"} and len(points) == 3 * 2 + 4 + 2  # 3 batches x 2 contexts; chunk 8 at 4 contexts, 32 at 2
+    assert (
+        kinds == {"decode", "prefill"} and len(points) == 3 * 2 + 4 + 2
+    )  # 3 batches x 2 contexts; chunk 8 at 4 contexts, 32 at 2
     assert {p.num_decodes for p in points if p.kind == "decode"} == {1, 2, 4}
     assert all(p.step_s > 0 for p in points)
     tiers = {p["tier"]: p for p in report["prices"]}
@@ -36,8 +57,29 @@ def test_quick_calibration_writes_a_file_the_planner_accepts(tiny_llama_dir, tmp
     assert d["speculative_max_batch"] == {"value": b, "acceptance": 0.6, "draft_len": 4, "context": 32}
     assert 0 <= b <= 64
     # The simulator takes the file as it is.
-    assert main(["simulate", "--model", "smollm2-135m", "--hardware", "local", "--calibration", str(out),
-                 "--num-requests", "10", "--rate", "1", "--output-len", "8", "--kv-cache-gib", "0.2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--model",
+                "smollm2-135m",
+                "--hardware",
+                "local",
+                "--calibration",
+                str(out),
+                "--num-requests",
+                "10",
+                "--rate",
+                "1",
+                "--output-len",
+                "8",
+                "--kv-cache-gib",
+                "0.2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     sim = json.loads(capsys.readouterr().out)
     assert sim["aggregate"]["num_requests"] == 10
     assert sim["setup"]["weight_format"] == "fp32"  # taken from the calibration file
@@ -61,8 +103,17 @@ def test_decode_sweep_rotates_batches_and_rounds_merge_by_mean(tiny_llama_dir):
     from fastmode.loader import load_model
 
     loaded = load_model(str(tiny_llama_dir), "float32")
-    sweep = SweepConfig(batches=(1, 3, 8), contexts=(16,), chunk_sizes=(8,), prefill_tokens_per_size=16, repeats=3,
-                        warmup=1, prefill_repeats=1, rounds=2, num_threads=1)
+    sweep = SweepConfig(
+        batches=(1, 3, 8),
+        contexts=(16,),
+        chunk_sizes=(8,),
+        prefill_tokens_per_size=16,
+        repeats=3,
+        warmup=1,
+        prefill_repeats=1,
+        rounds=2,
+        num_threads=1,
+    )
     points = measure_interleaved(loaded, sweep)
     decodes = [p for p in points if p.kind == "decode"]
     assert [p.num_decodes for p in decodes] == [8, 3, 1]
@@ -75,8 +126,10 @@ def test_decode_sweep_rotates_batches_and_rounds_merge_by_mean(tiny_llama_dir):
     # A point keeps its timed steps' mean as step_s (what a simulation adds up), their median beside it.
     assert _point_stats([0.010, 0.010, 0.010, 0.040]) == {"step_s": 0.0175, "median_s": 0.010, "spread": 3.0}
     a = StepPoint("decode", 0.010, num_decodes=4, decode_context=100.0, num_samples=5, spread=0.1, median_s=0.009)
-    rounds = [[dataclasses.replace(a, step_s=t, median_s=md, decode_context=c, num_samples=n)]
-              for t, md, c, n in ((0.010, 0.009, 100, 5), (0.030, 0.020, 102, 10), (0.012, 0.011, 104, 5))]
+    rounds = [
+        [dataclasses.replace(a, step_s=t, median_s=md, decode_context=c, num_samples=n)]
+        for t, md, c, n in ((0.010, 0.009, 100, 5), (0.030, 0.020, 102, 10), (0.012, 0.011, 104, 5))
+    ]
     (m,) = merge_rounds(rounds)
     # The mean of all 20 steps: a round in a slow spell counts by its samples, as the load's steps would.
     assert m.step_s == pytest.approx((0.010 * 5 + 0.030 * 10 + 0.012 * 5) / 20)
@@ -95,8 +148,16 @@ def test_sweep_units_spread_the_sweep_and_measure_what_measure_sweep_does(tiny_l
     from fastmode.loader import load_model
 
     loaded = load_model(str(tiny_llama_dir), "float32")
-    sweep = SweepConfig(batches=(1, 3), contexts=(16,), chunk_sizes=(8,), prefill_tokens_per_size=16, repeats=3,
-                        warmup=1, prefill_repeats=2, num_threads=1)
+    sweep = SweepConfig(
+        batches=(1, 3),
+        contexts=(16,),
+        chunk_sizes=(8,),
+        prefill_tokens_per_size=16,
+        repeats=3,
+        warmup=1,
+        prefill_repeats=2,
+        num_threads=1,
+    )
     assert units_per_sweep(sweep) == (1 + 3) + (2 + 1)
     points: list = []
     units = sweep_units(loaded, sweep, points=points)
@@ -119,7 +180,14 @@ def test_calibrate_flags_default_to_the_sweep_config():
 
     opts, sweep = CalibrateOptions(), SweepConfig()
     assert (opts.batches, opts.contexts, opts.chunks, opts.repeats, opts.rounds, opts.threads, opts.clock) == (
-        sweep.batches, sweep.contexts, sweep.chunk_sizes, sweep.repeats, sweep.rounds, sweep.num_threads, sweep.clock)
+        sweep.batches,
+        sweep.contexts,
+        sweep.chunk_sizes,
+        sweep.repeats,
+        sweep.rounds,
+        sweep.num_threads,
+        sweep.clock,
+    )
     args = build_parser().parse_args(["calibrate", "--batches", "1,4", "--contexts", "256", "--split-tokens", "auto"])
     assert sweep_from_args(args).batches == (1, 4) and sweep_from_args(args).contexts == (256,)
     assert args.split_tokens is None

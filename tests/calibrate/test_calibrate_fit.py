@@ -12,8 +12,15 @@ from fastmode.calibrate.points import StepPoint
 from fastmode.planner.catalog import load_hardware, load_model
 from fastmode.planner.cost_model import CostModel
 
-TRUE = dict(mem_bw_bytes_per_s=30e9, eta_m=1.0, eta_c=0.3, overhead_s=0.004, per_token_s=2e-4, per_seq_s=3e-3,
-            per_kv_token_s=5e-6)
+TRUE = dict(
+    mem_bw_bytes_per_s=30e9,
+    eta_m=1.0,
+    eta_c=0.3,
+    overhead_s=0.004,
+    per_token_s=2e-4,
+    per_seq_s=3e-3,
+    per_kv_token_s=5e-6,
+)
 
 
 def synthetic_points(noise=0.0, seed=0, batches=(1, 2, 4, 8, 16, 32, 64)):
@@ -68,8 +75,9 @@ def test_fit_without_the_extra_terms_keeps_them_at_zero():
     saved = TRUE
     TRUE = {**saved, "per_seq_s": 0.0, "per_kv_token_s": 0.0}
     try:
-        fit = fit_step_times(synthetic_points(), load_hardware("local"), load_model("smollm2-135m"),
-                             weight_format="bf16")
+        fit = fit_step_times(
+            synthetic_points(), load_hardware("local"), load_model("smollm2-135m"), weight_format="bf16"
+        )
     finally:
         TRUE = saved
     assert fit.per_seq_s < 1e-5 and fit.per_kv_token_s < 1e-8 and fit.max_abs_rel_error < 1e-3
@@ -89,7 +97,9 @@ def test_step_point_json_round_trip_and_validation():
 
 def test_one_cliff_point_is_left_out_not_fitted():
     pts = synthetic_points()
-    pts[7] = StepPoint("decode", pts[7].step_s * 3, num_decodes=pts[7].num_decodes, decode_context=pts[7].decode_context)
+    pts[7] = StepPoint(
+        "decode", pts[7].step_s * 3, num_decodes=pts[7].num_decodes, decode_context=pts[7].decode_context
+    )
     fit = fit_step_times(pts, load_hardware("local"), load_model("smollm2-135m"), weight_format="bf16")
     assert fit.excluded == (7,)
     assert fit.rel_errors[7] == pytest.approx(1 / 3 - 1, abs=0.01)  # reported, not hidden

@@ -22,15 +22,30 @@ from fastmode.sim.step_timer import StepTimer
 
 SPLIT = 8
 # Large steps: a low fixed cost and a cheap token (tiles); small steps: dearer tokens (vector FMAs).
-LARGE = dict(mem_bw_bytes_per_s=30e9, eta_m=1.0, eta_c=0.3, overhead_s=0.004, per_token_s=2e-4, per_seq_s=1e-3,
-             per_kv_token_s=5e-6)
-SMALL = dict(mem_bw_bytes_per_s=60e9, eta_m=1.0, eta_c=0.3, overhead_s=0.002, per_token_s=0.0, per_seq_s=4e-3,
-             per_kv_token_s=3e-6)
+LARGE = dict(
+    mem_bw_bytes_per_s=30e9,
+    eta_m=1.0,
+    eta_c=0.3,
+    overhead_s=0.004,
+    per_token_s=2e-4,
+    per_seq_s=1e-3,
+    per_kv_token_s=5e-6,
+)
+SMALL = dict(
+    mem_bw_bytes_per_s=60e9,
+    eta_m=1.0,
+    eta_c=0.3,
+    overhead_s=0.002,
+    per_token_s=0.0,
+    per_seq_s=4e-3,
+    per_kv_token_s=3e-6,
+)
 
 
 def two_regime_hardware(tile=0):
-    return dataclasses.replace(load_hardware("local"), **LARGE, small_step_max_tokens=SPLIT, small_step=SMALL,
-                               token_tile=tile)
+    return dataclasses.replace(
+        load_hardware("local"), **LARGE, small_step_max_tokens=SPLIT, small_step=SMALL, token_tile=tile
+    )
 
 
 def points(hw, noise=0.0, seed=0, batches=(1, 2, 4, 8, 16, 32, 64)):
@@ -95,8 +110,9 @@ def test_large_steps_priced_in_whole_tiles():
     t9, p16 = tiled.step_cost((), [0] * 9), plain.step_cost((), [0] * 16)
     assert t9.comp_s == pytest.approx(p16.comp_s, rel=1e-3)  # at context 0 the linears are nearly all of it
     h = tiled.hardware
-    assert t9.overhead_s == pytest.approx(h.overhead_s + 16 * h.per_token_s + 9 * h.per_seq_s + 9 * h.per_kv_token_s,
-                                          rel=1e-9)
+    assert t9.overhead_s == pytest.approx(
+        h.overhead_s + 16 * h.per_token_s + 9 * h.per_seq_s + 9 * h.per_kv_token_s, rel=1e-9
+    )
     assert tiled.decode_step_s([100] * 9) > plain.decode_step_s([100] * 9)
     assert tiled.decode_step_s([100] * 9) < tiled.decode_step_s([100] * 16)  # 7 fewer sequences' attention
 
@@ -121,8 +137,9 @@ def test_tiled_fit_recovers_the_staircase():
 def test_split_fit_needs_points_on_both_sides():
     pts = [p for p in points(two_regime_hardware()) if p.tokens > SPLIT or p.num_decodes == 1]  # 3 small points
     with pytest.raises(ValueError, match="6 points on each side; got 3"):
-        fit_step_times(pts, load_hardware("local"), load_model("smollm2-135m"), weight_format="bf16",
-                       split_tokens=SPLIT)
+        fit_step_times(
+            pts, load_hardware("local"), load_model("smollm2-135m"), weight_format="bf16", split_tokens=SPLIT
+        )
     messages = []
     assert choose_split(pts, SPLIT, None, messages.append) == 0  # auto: too few points, one fit
     assert "fitting one set of figures" in messages[0]
@@ -134,11 +151,19 @@ def test_split_fit_needs_points_on_both_sides():
 
 def test_calibration_file_keeps_and_applies_the_split(tmp_path):
     pts = points(two_regime_hardware(), noise=0.01)
-    fit = fit_step_times(pts, load_hardware("local"), load_model("smollm2-135m"), weight_format="bf16",
-                         split_tokens=SPLIT)
+    fit = fit_step_times(
+        pts, load_hardware("local"), load_model("smollm2-135m"), weight_format="bf16", split_tokens=SPLIT
+    )
     d = calibration_dict(fit, pts, "local", "smollm2-135m", "bf16", "test")
     assert d["small_step_max_tokens"] == SPLIT and set(d["small_step"]) == {
-        "mem_bw_GBps", "eta_m", "eta_c", "overhead_s", "per_token_s", "per_seq_s", "per_kv_token_s"}
+        "mem_bw_GBps",
+        "eta_m",
+        "eta_c",
+        "overhead_s",
+        "per_token_s",
+        "per_seq_s",
+        "per_kv_token_s",
+    }
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(d))
     hw = load_hardware("local", calibration=path)
@@ -152,19 +177,22 @@ def test_calibration_file_keeps_and_applies_the_split(tmp_path):
     assert load_hardware("local", calibration=Calibration.from_dict(plain)).small_step_max_tokens == 0
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"small_step_max_tokens": 8, "small_step": {}}, "come together"),
-    ({"small_step": {"overhead_s": 0.01}}, "come together"),
-    ({"small_step_max_tokens": 8, "small_step": {"usd_per_hour": 1.0}}, "only the engine's own figures"),
-    ({"small_step_max_tokens": 8, "small_step": {"overhead": 0.01}}, "unknown keys"),
-    ({"small_step_max_tokens": 8, "small_step": {"eta_c": 1.5}}, "eta_c must be in"),
-    ({"small_step_max_tokens": -1, "small_step": {"overhead_s": 0.01}}, "whole number"),
-    ({"small_step_max_tokens": 8.5, "small_step": {"overhead_s": 0.01}}, "whole number"),
-    ({"small_step_max_tokens": 8, "small_step": [0.01]}, "must be an object"),
-    ({"small_step_max_tokens": 8, "small_step": {"token_tile": 16}}, "only the engine's own figures"),
-    ({"token_tile": 2.5}, "token_tile must be a whole number"),
-    ({"token_tile": -16}, "token_tile must be a whole number"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"small_step_max_tokens": 8, "small_step": {}}, "come together"),
+        ({"small_step": {"overhead_s": 0.01}}, "come together"),
+        ({"small_step_max_tokens": 8, "small_step": {"usd_per_hour": 1.0}}, "only the engine's own figures"),
+        ({"small_step_max_tokens": 8, "small_step": {"overhead": 0.01}}, "unknown keys"),
+        ({"small_step_max_tokens": 8, "small_step": {"eta_c": 1.5}}, "eta_c must be in"),
+        ({"small_step_max_tokens": -1, "small_step": {"overhead_s": 0.01}}, "whole number"),
+        ({"small_step_max_tokens": 8.5, "small_step": {"overhead_s": 0.01}}, "whole number"),
+        ({"small_step_max_tokens": 8, "small_step": [0.01]}, "must be an object"),
+        ({"small_step_max_tokens": 8, "small_step": {"token_tile": 16}}, "only the engine's own figures"),
+        ({"token_tile": 2.5}, "token_tile must be a whole number"),
+        ({"token_tile": -16}, "token_tile must be a whole number"),
+    ],
+)
 def test_calibration_rejects_a_malformed_split(change, message):
     with pytest.raises(ValueError, match=message):
         load_hardware("local", calibration=Calibration.from_dict({"hardware": "local", **change}))

@@ -37,8 +37,11 @@ def _examples(text: str) -> list[list[str]]:
 def _sources() -> dict[str, str]:
     import importlib
 
-    docs = {str(p.relative_to(ROOT)): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-            if p.exists()}
+    docs = {
+        str(p.relative_to(ROOT)): p.read_text()
+        for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        if p.exists()
+    }
     docs.update({module: importlib.import_module(module).__doc__ or "" for _, module in COMMANDS})
     return docs
 

@@ -35,18 +35,45 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def test_parsed_flags_build_the_dataclass():
-    args = _parser().parse_args(["--name", "b", "--sizes", "4,8", "--origins", "http://x,http://y", "--limit", "2.5",
-                                 "--e", "6", "--tags", "p", "--tags", "q", "--verbose"])
-    assert Options(**pick(Options, args)) == Options(name="b", sizes=(4, 8), origins=("http://x", "http://y"),
-                                                     limit=2.5, even=6, tags=("p", "q"), verbose=True)
+    args = _parser().parse_args(
+        [
+            "--name",
+            "b",
+            "--sizes",
+            "4,8",
+            "--origins",
+            "http://x,http://y",
+            "--limit",
+            "2.5",
+            "--e",
+            "6",
+            "--tags",
+            "p",
+            "--tags",
+            "q",
+            "--verbose",
+        ]
+    )
+    assert Options(**pick(Options, args)) == Options(
+        name="b", sizes=(4, 8), origins=("http://x", "http://y"), limit=2.5, even=6, tags=("p", "q"), verbose=True
+    )
 
 
 def test_defaults_none_words_and_negated_bools():
     args = _parser().parse_args(["--name", "a", "--limit", "none", "--no-verbose"])
-    assert (args.sizes, args.origins, args.limit, args.even, args.tags, args.verbose) == ((1, 2), (), None, 0, [], False)
+    assert (args.sizes, args.origins, args.limit, args.even, args.tags, args.verbose) == (
+        (1, 2),
+        (),
+        None,
+        0,
+        [],
+        False,
+    )
 
 
-@pytest.mark.parametrize("argv", [[], ["--name", "c"], ["--name", "a", "--even", "3"], ["--name", "a", "--sizes", "1,x"]])
+@pytest.mark.parametrize(
+    "argv", [[], ["--name", "c"], ["--name", "a", "--even", "3"], ["--name", "a", "--sizes", "1,x"]]
+)
 def test_missing_required_bad_choice_and_rejected_values_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         _parser().parse_args(argv)

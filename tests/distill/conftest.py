@@ -29,7 +29,10 @@ def make_tiny_stream(teacher: LoadedModel, cfg: TrainConfig, seed: int | None = 
     """A two-source stream over the builders' corpus."""
     tok = teacher.tokenizer
     sep = tok.backend.token_to_id("<|endoftext|>")
-    cursors = [SourceCursor(name, docs, lambda t: tok.encode(t, add_special_tokens=False), sep, cfg.seed)
-               for name, docs in tiny_sources().items()]
-    return WindowStream(cursors, {"code": 0.5, "prose": 0.5}, cfg.seed if seed is None else seed,
-                        cfg.batch_size, cfg.seq_len)
+    cursors = [
+        SourceCursor(name, docs, lambda t: tok.encode(t, add_special_tokens=False), sep, cfg.seed)
+        for name, docs in tiny_sources().items()
+    ]
+    return WindowStream(
+        cursors, {"code": 0.5, "prose": 0.5}, cfg.seed if seed is None else seed, cfg.batch_size, cfg.seq_len
+    )

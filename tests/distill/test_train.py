@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fastmode.distill.student import own_state
-from fastmode.distill.train import Trainer, TrainConfig, load_checkpoint, save_checkpoint
+from fastmode.distill.train import TrainConfig, Trainer, load_checkpoint, save_checkpoint
 from tests.distill.conftest import make_tiny_stream
 
 CFG = TrainConfig(num_layers=2, seq_len=16, batch_size=4, lr=3e-3, warmup_steps=2, seed=3)

@@ -22,7 +22,9 @@ def solo(tiny_llama_dir):
 
 @pytest.fixture
 def running(tiny_llama_dir, solo):
-    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01), loaded=solo.engine.loaded)
+    engine = LLMEngine(
+        EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01), loaded=solo.engine.loaded
+    )
     ae = AsyncEngine(engine, "tiny")
     yield ae
     ae.shutdown()
@@ -115,7 +117,9 @@ def test_a_stream_left_early_aborts_its_request(running):
 def test_shutdown_fails_requests_in_flight_and_refuses_new_ones(tiny_llama_dir, solo):
     from fastmode.engine.async_engine import EngineClosedError
 
-    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01), loaded=solo.engine.loaded)
+    engine = LLMEngine(
+        EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01), loaded=solo.engine.loaded
+    )
     ae = AsyncEngine(engine, "tiny")
 
     async def main():

@@ -16,11 +16,13 @@ def engine(tiny_llama_dir):
 
 @pytest.mark.parametrize(
     "prompt, params, param, code, message",
-    [([], SamplingParams(), "prompt", None, "prompt is empty"),
-     ([1, 10**9], SamplingParams(), "prompt", None, "token ids must be in"),
-     ([1] * 64, SamplingParams(), "prompt", "context_length_exceeded", "context limit is 64"),
-     ([1], SamplingParams(logit_bias=((10**9, 1.0),)), "logit_bias", None, "logit_bias token ids"),
-     ([1], SamplingParams(speculative="draft"), "speculative", "unsupported_parameter", "needs a draft model")],
+    [
+        ([], SamplingParams(), "prompt", None, "prompt is empty"),
+        ([1, 10**9], SamplingParams(), "prompt", None, "token ids must be in"),
+        ([1] * 64, SamplingParams(), "prompt", "context_length_exceeded", "context limit is 64"),
+        ([1], SamplingParams(logit_bias=((10**9, 1.0),)), "logit_bias", None, "logit_bias token ids"),
+        ([1], SamplingParams(speculative="draft"), "speculative", "unsupported_parameter", "needs a draft model"),
+    ],
 )
 def test_each_rule_raises_a_typed_error_and_queues_nothing(engine, prompt, params, param, code, message):
     with pytest.raises(RequestError, match=message) as e:

@@ -20,8 +20,13 @@ def test_staggered_mixed_tier_requests_match_solo_runs(tiny_llama_dir):
     # pausing, chunking and preemption.
     engine = LLMEngine(
         EngineConfig(
-            model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=40 * 4 * 384 / 2**30, block_size=4,
-            max_num_seqs=6, max_num_batched_tokens=24, fast_lane_max_batch=2,
+            model=str(tiny_llama_dir),
+            dtype="float32",
+            kv_cache_gib=40 * 4 * 384 / 2**30,
+            block_size=4,
+            max_num_seqs=6,
+            max_num_batched_tokens=24,
+            fast_lane_max_batch=2,
         ),
         loaded=solo.engine.loaded,
     )
@@ -31,7 +36,10 @@ def test_staggered_mixed_tier_requests_match_solo_runs(tiny_llama_dir):
         prompt = [rng.randrange(3, 380) for _ in range(rng.randrange(1, 40))]
         greedy = i % 3 != 0
         params = SamplingParams(
-            temperature=0 if greedy else 0.8, seed=None if greedy else 100 + i, max_tokens=rng.randrange(5, 30), ignore_eos=True
+            temperature=0 if greedy else 0.8,
+            seed=None if greedy else 100 + i,
+            max_tokens=rng.randrange(5, 30),
+            ignore_eos=True,
         )
         jobs.append((prompt, params, ["fast", "standard", "flex"][i % 3]))
     want = [alone(solo, p, sp) for p, sp, _ in jobs]

@@ -24,7 +24,9 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(llm):
     others = SamplingParams(temperature=1.0, seed=7, max_tokens=30, ignore_eos=True)
     batched = llm.generate(PROMPTS, [others, params, others, others])[1].token_ids
     assert alone == batched
-    different_seed = llm.generate([PROMPTS[1]], SamplingParams(temperature=0.9, seed=99, max_tokens=24, ignore_eos=True))
+    different_seed = llm.generate(
+        [PROMPTS[1]], SamplingParams(temperature=0.9, seed=99, max_tokens=24, ignore_eos=True)
+    )
     assert different_seed[0].token_ids != alone
 
 
@@ -43,7 +45,9 @@ def test_max_tokens_and_length_reason(llm):
 def test_stop_token_ids(llm):
     ref = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].token_ids
     stop_tok = ref[5]
-    out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop_token_ids=[stop_tok]))[0]
+    out = llm.generate(
+        [PROMPTS[0]], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop_token_ids=[stop_tok])
+    )[0]
     assert out.token_ids == ref[: ref.index(stop_tok) + 1]
     assert out.finish_reason == "stop"
 
@@ -56,7 +60,10 @@ def test_stop_string_truncates_text_and_frees_kv(llm):
     assert out.text == ref.text[: ref.text.index(stop)]
     assert out.finish_reason == "stop"
     assert free_blocks_restored(llm)
-    kept = llm.generate([PROMPTS[2]], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop], include_stop_str_in_output=True))[0]
+    kept = llm.generate(
+        [PROMPTS[2]],
+        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop], include_stop_str_in_output=True),
+    )[0]
     assert kept.text == ref.text[: ref.text.index(stop) + len(stop)]
 
 

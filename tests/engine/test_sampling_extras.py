@@ -70,12 +70,20 @@ def test_logit_bias_forces_and_bans_tokens(llm):
     prompt = chat(llm, "Name a colour.")
     plain = run(llm, [prompt], [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)])[0][0]
     forced_tok = llm.tokenizer.encode(" banana", add_special_tokens=False)[0]
-    forced = run(llm, [prompt], [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logit_bias={forced_tok: 100})])[0][0]
+    forced = run(
+        llm, [prompt], [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logit_bias={forced_tok: 100})]
+    )[0][0]
     assert forced == [forced_tok] * 6
-    banned = run(llm, [prompt], [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logit_bias={plain[0]: -100})])[0][0]
+    banned = run(
+        llm, [prompt], [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logit_bias={plain[0]: -100})]
+    )[0][0]
     assert plain[0] not in banned
     # A sampled request draws only from what the bias leaves.
-    sampled = run(llm, [prompt], [SamplingParams(temperature=1.0, seed=3, max_tokens=6, ignore_eos=True, logit_bias={forced_tok: 100})])[0][0]
+    sampled = run(
+        llm,
+        [prompt],
+        [SamplingParams(temperature=1.0, seed=3, max_tokens=6, ignore_eos=True, logit_bias={forced_tok: 100})],
+    )[0][0]
     assert sampled == [forced_tok] * 6
 
 
@@ -91,7 +99,9 @@ def test_logprobs_of_greedy_tokens_are_the_row_max_and_match_a_reference_forward
         assert lp.logprob <= 0 and math.isfinite(lp.logprob)
         assert lp.logprob == pytest.approx(float(ref[i, tok]), abs=2e-2)
         ref_top = torch.topk(ref[i], 5)
-        assert [t for t, _ in lp.top][:2] == ref_top.indices.tolist()[:2] or ref_top.values[1] - ref_top.values[2] < 1e-2
+        assert [t for t, _ in lp.top][:2] == ref_top.indices.tolist()[:2] or ref_top.values[1] - ref_top.values[
+            2
+        ] < 1e-2
     _, only = run(llm, [prompt], [SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=0)])[0]
     assert [lp.top for lp in only] == [[], [], []]
     _, none = run(llm, [prompt], [SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)])[0]
@@ -101,23 +111,34 @@ def test_logprobs_of_greedy_tokens_are_the_row_max_and_match_a_reference_forward
 def test_logprobs_are_of_the_penalised_and_biased_distribution(llm):
     prompt = chat(llm, "Name a colour.")
     tok = llm.tokenizer.encode(" banana", add_special_tokens=False)[0]
-    tokens, lps = run(llm, [prompt], [SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, logprobs=2, logit_bias={tok: 100})])[0]
+    tokens, lps = run(
+        llm, [prompt], [SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, logprobs=2, logit_bias={tok: 100})]
+    )[0]
     assert tokens == [tok, tok]
     assert lps[0].logprob > -1e-3  # nearly all the mass after a +100 bias
     # Temperature does not change logprobs (they are taken before it).
-    _, hot = run(llm, [prompt], [SamplingParams(temperature=5.0, seed=1, max_tokens=1, logprobs=2, logit_bias={tok: 100})])[0]
+    _, hot = run(
+        llm, [prompt], [SamplingParams(temperature=5.0, seed=1, max_tokens=1, logprobs=2, logit_bias={tok: 100})]
+    )[0]
     assert hot[0].logprob == pytest.approx(lps[0].logprob, abs=1e-6)
 
 
 def test_each_feature_is_exact_under_batching(llm):
-    prompts = [chat(llm, q) for q in ("Tell me a story.", "List three fruits.", "Why is the sea salty?", "Count to ten.", "Say hello.")]
+    prompts = [
+        chat(llm, q)
+        for q in ("Tell me a story.", "List three fruits.", "Why is the sea salty?", "Count to ten.", "Say hello.")
+    ]
     ban = llm.tokenizer.encode(" the", add_special_tokens=False)[0]
     params = [
         SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, frequency_penalty=1.0, logprobs=3),
-        SamplingParams(temperature=0.9, seed=11, max_tokens=16, ignore_eos=True, presence_penalty=1.5, logit_bias={ban: -100}),
+        SamplingParams(
+            temperature=0.9, seed=11, max_tokens=16, ignore_eos=True, presence_penalty=1.5, logit_bias={ban: -100}
+        ),
         SamplingParams(temperature=0.7, top_p=0.9, seed=5, max_tokens=16, ignore_eos=True, logprobs=2),
         SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
-        SamplingParams(temperature=1.0, seed=2, max_tokens=16, ignore_eos=True, frequency_penalty=-0.5, logit_bias={ban: 4.0}),
+        SamplingParams(
+            temperature=1.0, seed=2, max_tokens=16, ignore_eos=True, frequency_penalty=-0.5, logit_bias={ban: 4.0}
+        ),
     ]
     solo = [run(llm, [p], [sp])[0] for p, sp in zip(prompts, params)]
     batched = run(llm, prompts, params)
@@ -134,8 +155,12 @@ def test_each_feature_is_exact_under_batching(llm):
 
 def test_penalties_and_logprobs_are_unchanged_by_speculation(llm):
     prompt = chat(llm, "Repeat after me: one two three one two three one two three one two three")
-    off = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=0.3, logprobs=2, speculative="off")
-    on = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=0.3, logprobs=2, speculative="ngram")
+    off = SamplingParams(
+        temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=0.3, logprobs=2, speculative="off"
+    )
+    on = SamplingParams(
+        temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=0.3, logprobs=2, speculative="ngram"
+    )
     stats = llm.engine.spec.stats
     before = sum(stats.draft_tokens.values())
     off_tok, off_lp = run(llm, [prompt], [off])[0]

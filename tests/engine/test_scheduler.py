@@ -129,7 +129,11 @@ def test_fast_request_preempts_when_resident_slots_are_full():
 
 def test_memory_pressure_preempts_lowest_tier_and_readmits_in_place():
     # 4 blocks of 4 tokens = 16 slots.
-    s = Scheduler(SchedulerConfig(num_blocks=4, block_size=4, max_num_seqs=8, fast_lane_max_batch=None, enable_prefix_caching=False))
+    s = Scheduler(
+        SchedulerConfig(
+            num_blocks=4, block_size=4, max_num_seqs=8, fast_lane_max_batch=None, enable_prefix_caching=False
+        )
+    )
     s.add(make("std", n_prompt=6, t=0.0))
     s.add(make("flex", n_prompt=6, tier=Tier.FLEX, t=1.0))
     step(s)  # both prefilled: 2 + 2 blocks
@@ -190,9 +194,11 @@ def test_cache_eviction_makes_room():
 
 @pytest.mark.parametrize("stage", ["waiting", "mid_prefill", "decoding", "paused", "preempted"])
 def test_abort_at_every_stage_frees_everything(stage):
-    s = Scheduler(SchedulerConfig(num_blocks=32, block_size=4, max_num_batched_tokens=8, max_num_seqs=4, fast_lane_max_batch=1))
+    s = Scheduler(
+        SchedulerConfig(num_blocks=32, block_size=4, max_num_batched_tokens=8, max_num_seqs=4, fast_lane_max_batch=1)
+    )
     victim = make("v", prompt=list(range(100, 120)), t=0.0)  # explicit prompts: hash()-derived ones could
-    s.add(victim)                                               # share a prefix with "f" and avoid the preemption
+    s.add(victim)  # share a prefix with "f" and avoid the preemption
     if stage == "mid_prefill":
         step(s)
         assert 0 < victim.num_computed_tokens < 20
@@ -267,15 +273,19 @@ def test_incremental_counts_match_a_recount_under_churn():
     import random
 
     rng = random.Random(7)
-    s = Scheduler(SchedulerConfig(num_blocks=16, block_size=4, max_num_seqs=6, max_num_batched_tokens=24,
-                                  fast_lane_max_batch=2, aging_s=5.0))
+    s = Scheduler(
+        SchedulerConfig(
+            num_blocks=16, block_size=4, max_num_seqs=6, max_num_batched_tokens=24, fast_lane_max_batch=2, aging_s=5.0
+        )
+    )
     tiers = [Tier.FAST, Tier.STANDARD, Tier.STANDARD, Tier.FLEX]
     preempted = 0
     for k in range(400):
         now = k * 0.1
         if rng.random() < 0.3:
-            s.add(make(f"r{k}", n_prompt=rng.randint(1, 30), tier=rng.choice(tiers), t=now,
-                       max_tokens=rng.randint(1, 12)))
+            s.add(
+                make(f"r{k}", n_prompt=rng.randint(1, 30), tier=rng.choice(tiers), t=now, max_tokens=rng.randint(1, 12))
+            )
         if rng.random() < 0.05 and s.running:
             s.abort(rng.choice(s.running).request_id, now)
         for seq in s.running:  # some decoding sequences speculate, so the draft path runs too

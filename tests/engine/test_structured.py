@@ -101,7 +101,9 @@ def test_speculation_on_and_off_give_identical_constrained_output(llm):
     # many are accepted; drafts the grammar forbids must be rejected.
     schema = {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 8, "maxItems": 8}
     so = StructuredOutput("json_schema", json.dumps(schema))
-    prompt = chat(llm, "Repeat the word apple eight times as a JSON list: apple apple apple apple apple apple apple apple")
+    prompt = chat(
+        llm, "Repeat the word apple eight times as a JSON list: apple apple apple apple apple apple apple apple"
+    )
     stats = llm.engine.spec.stats
     before = sum(stats.draft_tokens.values())
     off = llm.generate(prompt, greedy(so, 80, speculative="off"))[0]
@@ -135,8 +137,12 @@ def test_invalid_specs_raise_before_anything_is_queued(llm):
 
 def test_compiled_grammars_are_cached_per_spec(llm):
     so = StructuredOutput("regex", "[ab]+")
-    assert compile_structured(so, llm.tokenizer) is compile_structured(StructuredOutput("regex", "[ab]+"), llm.tokenizer)
-    assert compile_structured(so, llm.tokenizer) is not compile_structured(StructuredOutput("regex", "[ab]*"), llm.tokenizer)
+    assert compile_structured(so, llm.tokenizer) is compile_structured(
+        StructuredOutput("regex", "[ab]+"), llm.tokenizer
+    )
+    assert compile_structured(so, llm.tokenizer) is not compile_structured(
+        StructuredOutput("regex", "[ab]*"), llm.tokenizer
+    )
 
 
 def allowed_by(bitmask: torch.Tensor, vocab_size: int, eos_token_id: int | None) -> torch.Tensor:

@@ -40,9 +40,17 @@ def test_contains_any(response: str, aliases: list[str], expected: bool) -> None
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("12", [12]), ("The answer is 42.", [42]), ("-3 degrees", [-3]), ("x = -3", [-3]),
-     ("1,024 bytes", [1024]), ("3, 4 or 5", [3, 4, 5]), ("22-4=18", [22, 4, 18]),
-     ("about 5.55 or 2.0", []), ("no digits", [])],
+    [
+        ("12", [12]),
+        ("The answer is 42.", [42]),
+        ("-3 degrees", [-3]),
+        ("x = -3", [-3]),
+        ("1,024 bytes", [1024]),
+        ("3, 4 or 5", [3, 4, 5]),
+        ("22-4=18", [22, 4, 18]),
+        ("about 5.55 or 2.0", []),
+        ("no digits", []),
+    ],
 )
 def test_integers(text: str, expected: list[int]) -> None:
     assert integers(text) == expected
@@ -79,16 +87,28 @@ def test_integer_equals() -> None:
         ("all_lowercase", {}, "dogs are loyal friends.", "Dogs are loyal friends."),
         ("yes_no", {"answer": "yes"}, "Yes.", "No."),
         ("yes_no", {"answer": "no"}, "no", "No, cats do not bark."),
-        ("json_keys", {"keys": ["name"], "values": {"name": "Alice"}},
-         '```json\n{"name": "Alice"}\n```', '{"name": "Bob"}'),
+        (
+            "json_keys",
+            {"keys": ["name"], "values": {"name": "Alice"}},
+            '```json\n{"name": "Alice"}\n```',
+            '{"name": "Bob"}',
+        ),
         ("json_keys", {"keys": ["x"], "values": {"x": 5}}, '{"x": 5}', '{"x": "5"}'),
-        ("json_keys", {"keys": ["city", "country"]}, 'Here: {"city": "Paris", "country": "France"}',
-         '{"city": "Paris"}'),
+        (
+            "json_keys",
+            {"keys": ["city", "country"]},
+            'Here: {"city": "Paris", "country": "France"}',
+            '{"city": "Paris"}',
+        ),
         ("json_keys", {"keys": ["a"]}, '{"a": 1}', "a: 1"),
         ("comma_list", {"count": 3}, "red, green, blue", "red, green"),
         ("comma_list", {"count": 3}, "red, green, blue.", "red\ngreen, blue, pink"),
-        ("comma_list", {"count": 2},
-         "France, Spain", "I think that France is nice, and also Spain is a lovely country"),
+        (
+            "comma_list",
+            {"count": 2},
+            "France, Spain",
+            "I think that France is nice, and also Spain is a lovely country",
+        ),
         ("numbered_list", {"count": 3}, "1. cat\n2. dog\n3. cow", "1. cat\n2. dog"),
         ("numbered_list", {"count": 2}, "1. carrot\n\n2. pea", "- carrot\n- pea"),
         ("max_words", {"max": 5}, "A hot bright star.", "The Sun is a very hot and bright star."),
@@ -111,11 +131,19 @@ def test_unknown_checker_raises() -> None:
 def test_every_checker_rejects_empty_answer() -> None:
     """An empty generation must never count as correct, whatever the checker."""
     args = {
-        "contains_any": {"aliases": ["x"]}, "integer_equals": {"answer": 0},
-        "one_word": {}, "all_caps": {}, "all_lowercase": {}, "yes_no": {"answer": "yes"},
-        "json_keys": {"keys": ["a"]}, "comma_list": {"count": 1}, "max_words": {"max": 3},
-        "starts_with": {"prefix": "A"}, "ends_with": {"suffix": "A"},
-        "numbered_list": {"count": 1}, "no_letter": {"letter": "e"},
+        "contains_any": {"aliases": ["x"]},
+        "integer_equals": {"answer": 0},
+        "one_word": {},
+        "all_caps": {},
+        "all_lowercase": {},
+        "yes_no": {"answer": "yes"},
+        "json_keys": {"keys": ["a"]},
+        "comma_list": {"count": 1},
+        "max_words": {"max": 3},
+        "starts_with": {"prefix": "A"},
+        "ends_with": {"suffix": "A"},
+        "numbered_list": {"count": 1},
+        "no_letter": {"letter": "e"},
         "code_exec": {"tests": ["assert f() == 1"], "reference": "    return 1\n"},
     }
     assert set(args) == set(CHECKERS)

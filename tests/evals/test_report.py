@@ -54,9 +54,25 @@ def test_command_registers_eval_options() -> None:
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(
-        ["eval", "--model", "a", "--model", "b", "--speculative", "ngram", "--limit", "3",
-         "--categories", "code,format", "--json", "x.json", "--dtype", "float32",
-         "--batch-size", "4"]
+        [
+            "eval",
+            "--model",
+            "a",
+            "--model",
+            "b",
+            "--speculative",
+            "ngram",
+            "--limit",
+            "3",
+            "--categories",
+            "code,format",
+            "--json",
+            "x.json",
+            "--dtype",
+            "float32",
+            "--batch-size",
+            "4",
+        ]
     )
     assert args.model == ["a", "b"] and args.speculative == "ngram" and args.limit == 3
     assert args.categories == "code,format" and args.dtype == "float32" and args.batch_size == 4

@@ -71,8 +71,14 @@ def test_filters_and_limits() -> None:
 
 
 def test_invalid_items_are_rejected(tmp_path: Path) -> None:
-    good = {"id": "a", "category": "factual", "prompt": "Q?", "checker": "contains_any",
-            "args": {"aliases": ["x"]}, "max_tokens": 8}
+    good = {
+        "id": "a",
+        "category": "factual",
+        "prompt": "Q?",
+        "checker": "contains_any",
+        "args": {"aliases": ["x"]},
+        "max_tokens": 8,
+    }
     cases = [
         ([good, good], "duplicate"),
         ([dict(good, checker="magic")], "unknown checker"),

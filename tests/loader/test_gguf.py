@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastmode import LLM, SamplingParams
+from fastmode import SamplingParams
 from fastmode.loader import ModelLoadError, load_model
 from fastmode.loader.default_model import default_model_path
 from tests.builders import write_gguf_from_hf
@@ -45,16 +45,23 @@ def test_quantized_gguf_dequantizes_to_the_stored_values(tiny_llama_dir, tmp_pat
         from fastmode.models.quant_linear import QuantLinear
 
         assert isinstance(native, QuantLinear)
-        blocks = ops().quant_dequantize(native.qweight, native.qtype, native.in_features, torch.empty(0, dtype=torch.long))
+        blocks = ops().quant_dequantize(
+            native.qweight, native.qtype, native.in_features, torch.empty(0, dtype=torch.long)
+        )
         np.testing.assert_array_equal(blocks.numpy(), expect)
     else:  # formats without a kernel are dequantized at load
         np.testing.assert_array_equal(native.weight.numpy(), expect)
     # And quantization error stays small relative to the weights: the model still works.
-    assert np.abs(expect - np.concatenate([src["model.layers.1.mlp.gate_proj.weight"], src["model.layers.1.mlp.up_proj.weight"]])).max() < 0.1
+    assert (
+        np.abs(
+            expect
+            - np.concatenate([src["model.layers.1.mlp.gate_proj.weight"], src["model.layers.1.mlp.up_proj.weight"]])
+        ).max()
+        < 0.1
+    )
 
 
 def test_tokenizer_and_template_come_from_gguf_metadata(tiny_llama_dir, tmp_path):
-    from fastmode.loader.hf_dir import read_hf_dir
     from fastmode.loader.tokenizer import tokenizer_from_hf_dir
 
     path = write_gguf_from_hf(tiny_llama_dir, tmp_path / "tiny.gguf")
@@ -127,7 +134,9 @@ def test_default_model_greedy_matches_transformers(default_llm):
     outs = default_llm.generate(prompts, params)
     for p, out in zip(prompts, outs):
         with torch.no_grad():
-            want = ref.generate(torch.tensor([p]), max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=2)
+            want = ref.generate(
+                torch.tensor([p]), max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=2
+            )
         assert out.token_ids == want[0, len(p) :].tolist()
 
 

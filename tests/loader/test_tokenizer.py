@@ -78,7 +78,9 @@ def test_hf_dir_chat_template_matches_transformers(tiny_llama_dir):
     ours = tokenizer_from_hf_dir(tiny_llama_dir)
     theirs = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "the quick brown fox"}]
-    assert ours.apply_chat_template(msgs) == theirs.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert ours.apply_chat_template(msgs) == theirs.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=True
+    )
     text = "def add(a, b):\n    return a + b"
     assert ours.encode(text) == theirs.encode(text)
 

@@ -8,7 +8,6 @@ import torch
 from fastmode import LLM, SamplingParams
 from fastmode.loader import load_model
 from fastmode.models.attention_batch import AttentionBatch, PrefillSpan
-
 from tests.builders import build_hf_model
 
 PROMPTS = [
@@ -92,7 +91,12 @@ def test_greedy_continuations_match_transformers(request, fixture):
     for p, out in zip(PROMPTS, outs):
         with torch.no_grad():
             ref = model.generate(
-                torch.tensor([p]), max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0, min_new_tokens=32
+                torch.tensor([p]),
+                max_new_tokens=32,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                min_new_tokens=32,
             )[0, len(p) :].tolist()
         assert out.token_ids == ref
     assert llm.engine.scheduler.block_manager.num_free_blocks == llm.engine.scheduler_config.num_blocks

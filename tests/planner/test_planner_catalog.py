@@ -6,14 +6,27 @@ import json
 
 import pytest
 
-from fastmode.planner.catalog import (calibration_points, hardware_entry, hardware_names, load_hardware,
-                                      load_model, model_names)
+from fastmode.planner.catalog import (
+    calibration_points,
+    hardware_entry,
+    hardware_names,
+    load_hardware,
+    load_model,
+    model_names,
+)
 from fastmode.planner.hardware import Calibration
 from fastmode.planner.sram_fit import fit_sram, points_from_catalog
 
 REQUIRED_HARDWARE = {"h100", "h200", "b200", "gb200", "mi300x", "wse-3", "groq-lpu", "local"}
-REQUIRED_MODELS = {"smollm2-135m", "smollm2-135m-spark", "llama-3.1-8b", "llama-3.1-70b",
-                   "llama-3.1-405b", "glm-4.7", "gpt-oss-120b"}
+REQUIRED_MODELS = {
+    "smollm2-135m",
+    "smollm2-135m-spark",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "llama-3.1-405b",
+    "glm-4.7",
+    "gpt-oss-120b",
+}
 
 
 def test_catalogs_hold_the_required_entries():
@@ -41,8 +54,18 @@ def test_every_model_names_its_sources():
 
 def test_calibration_file_overrides_efficiencies(tmp_path):
     path = tmp_path / "cal.json"
-    path.write_text(json.dumps({"hardware": "local", "mem_bw_GBps": 40.0, "eta_m": 0.9, "overhead_s": 0.004,
-                                "per_token_s": 1e-4, "fitted_from": "fastmode calibrate, smollm2-135m"}))
+    path.write_text(
+        json.dumps(
+            {
+                "hardware": "local",
+                "mem_bw_GBps": 40.0,
+                "eta_m": 0.9,
+                "overhead_s": 0.004,
+                "per_token_s": 1e-4,
+                "fitted_from": "fastmode calibrate, smollm2-135m",
+            }
+        )
+    )
     hw = load_hardware("local", path)
     assert hw.mem_bw_bytes_per_s == 40e9 and hw.eta_m == 0.9 and hw.per_token_s == 1e-4
     assert str(path) in hw.sources["overhead_s"]

@@ -25,7 +25,7 @@ def test_spark_p_step_comes_from_the_benchmark_ratio():
 
 def test_strategy_formulas():
     p, n = 0.9, 10
-    assert expected_steps(p, n, "pipeline") == pytest.approx(n / p ** n)
+    assert expected_steps(p, n, "pipeline") == pytest.approx(n / p**n)
     assert expected_steps(p, n, "step") == pytest.approx(n / p)
     assert expected_steps(p, 1, "restart") == pytest.approx(1 / p)
     assert expected_steps(1.0, n, "restart") == n

@@ -23,10 +23,12 @@ def test_plan_json_has_required_keys(cli, capsys):
 
 def test_plan_options_change_the_answer(cli, capsys):
     base = _plan_json(cli, capsys, "--model", "llama-3.1-70b", "--hardware", "h100", "--batch", "4", "--tp", "2")
-    fp8 = _plan_json(cli, capsys, "--model", "llama-3.1-70b", "--hardware", "h100", "--batch", "4", "--tp", "2",
-                     "--format", "fp8")
-    longer = _plan_json(cli, capsys, "--model", "llama-3.1-70b", "--hardware", "h100", "--batch", "4",
-                        "--context", "65536", "--tp", "8")
+    fp8 = _plan_json(
+        cli, capsys, "--model", "llama-3.1-70b", "--hardware", "h100", "--batch", "4", "--tp", "2", "--format", "fp8"
+    )
+    longer = _plan_json(
+        cli, capsys, "--model", "llama-3.1-70b", "--hardware", "h100", "--batch", "4", "--context", "65536", "--tp", "8"
+    )
     assert fp8["per_user_tok_s"] > base["per_user_tok_s"] and fp8["weight_format"] == "fp8"
     assert longer["devices"] == 8 and longer["context_tokens"] == 65536
     spec = _plan_json(cli, capsys, "--model", "llama-3.1-8b", "--spec", "--spec-acceptance", "0.8")
@@ -39,16 +41,33 @@ def test_plan_reports_a_load_that_does_not_fit(cli, capsys):
 
 
 def test_plan_fleet_and_sweep(cli, capsys):
-    r = _plan_json(cli, capsys, "--model", "llama-3.1-8b", "--sweep", "--max-batch", "64",
-                   "--fast-rps", "1", "--fast-min-tok-s", "120", "--standard-rps", "10", "--standard-max-ttft-s", "2")
+    r = _plan_json(
+        cli,
+        capsys,
+        "--model",
+        "llama-3.1-8b",
+        "--sweep",
+        "--max-batch",
+        "64",
+        "--fast-rps",
+        "1",
+        "--fast-min-tok-s",
+        "120",
+        "--standard-rps",
+        "10",
+        "--standard-max-ttft-s",
+        "2",
+    )
     assert [p["batch"] for p in r["bus_curve"]] == [1, 2, 4, 8, 16, 32, 64]
     tiers = {t["tier"]: t for t in r["fleet"]["tiers"]}
     assert set(tiers) == {"fast", "standard"} and tiers["fast"]["per_user_tok_s"] >= 120
 
 
 def test_plan_text_report(cli, capsys):
-    assert cli("plan", "--model", "smollm2-135m", "--hardware", "local", "--format", "q4_1", "--sweep",
-               "--max-batch", "8") == 0
+    assert (
+        cli("plan", "--model", "smollm2-135m", "--hardware", "local", "--format", "q4_1", "--sweep", "--max-batch", "8")
+        == 0
+    )
     text = capsys.readouterr().out
     assert "per-user" in text and "aggregate" in text and "$/Mtok" in text
 

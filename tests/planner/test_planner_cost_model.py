@@ -56,7 +56,10 @@ def test_tensor_parallel_cuts_step_time_and_adds_allreduce(h100):
 
 def test_tp_beyond_the_nvlink_domain_pays_the_network(h100):
     m = load_model("llama-3.1-405b")
-    assert CostModel(h100, m, tp=16).step_cost((), [1024]).comm_s > 2 * CostModel(h100, m, tp=8).step_cost((), [1024]).comm_s
+    assert (
+        CostModel(h100, m, tp=16).step_cost((), [1024]).comm_s
+        > 2 * CostModel(h100, m, tp=8).step_cost((), [1024]).comm_s
+    )
 
 
 def test_405b_does_not_fit_one_h100_and_devices_needed_is_right(h100):
@@ -84,8 +87,16 @@ def test_moe_reads_fewer_bytes_than_dense_of_same_total_size(h100):
     glm = load_model("glm-4.7")
     # A dense model of the same total size: every layer gets one wide FFN.
     ffn = round((glm.ffn_params / glm.num_layers) / (3 * glm.hidden_size))
-    dense = dataclasses.replace(glm, name="glm-dense", num_experts=0, experts_per_token=0, expert_ffn_size=0,
-                                num_shared_experts=0, num_dense_layers=0, ffn_size=ffn)
+    dense = dataclasses.replace(
+        glm,
+        name="glm-dense",
+        num_experts=0,
+        experts_per_token=0,
+        expert_ffn_size=0,
+        num_shared_experts=0,
+        num_dense_layers=0,
+        ffn_size=ffn,
+    )
     assert dense.total_params == pytest.approx(glm.total_params, rel=0.01)
     moe_cm, dense_cm = CostModel(h100, glm, tp=8), CostModel(h100, dense, tp=8)
     assert moe_cm.weight_bytes_read(1) < 0.2 * dense_cm.weight_bytes_read(1)
@@ -155,8 +166,10 @@ def test_validation():
 
 
 def test_planner_never_imports_torch():
-    code = ("import sys, fastmode.planner.command, fastmode.planner.chain_command, fastmode.planner.fleet; "
-            "from fastmode.planner.command import build_report; assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys, fastmode.planner.command, fastmode.planner.chain_command, fastmode.planner.fleet; "
+        "from fastmode.planner.command import build_report; assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -22,8 +22,9 @@ def test_erlang_c_known_values():
 
 def test_fast_tier_gets_a_smaller_batch_cap(h100, llama8b):
     cm = CostModel(h100, llama8b)
-    fleet = recommend_fleet(cm, [TierDemand("fast", 2, 2000, 500, min_tok_s=140),
-                                 TierDemand("standard", 20, 2000, 500, max_ttft_s=2.0)])
+    fleet = recommend_fleet(
+        cm, [TierDemand("fast", 2, 2000, 500, min_tok_s=140), TierDemand("standard", 20, 2000, 500, max_ttft_s=2.0)]
+    )
     fast, std = fleet.tiers
     assert fast.feasible and std.feasible
     assert fast.per_user_tok_s >= 140 and std.ttft_s <= 2.0

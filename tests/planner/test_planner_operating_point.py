@@ -6,8 +6,7 @@ import pytest
 
 from fastmode.planner.catalog import load_hardware, load_model
 from fastmode.planner.cost_model import CostModel
-from fastmode.planner.operating_point import (bus_curve, evaluate, frontier, layout_for_load,
-                                              power_of_two_batches)
+from fastmode.planner.operating_point import bus_curve, evaluate, frontier, layout_for_load, power_of_two_batches
 
 
 def test_definitions(h100, llama8b):
@@ -22,6 +21,7 @@ def test_price_override_and_missing_price(h100, llama8b):
     p = evaluate(CostModel(h100, llama8b), 4, 1024, usd_per_hour_per_device=10.0)
     assert p.usd_per_hour == 10.0
     import dataclasses
+
     free = evaluate(CostModel(dataclasses.replace(h100, usd_per_hour=None), llama8b), 4, 1024)
     assert free.usd_per_mtok is None
 

@@ -6,15 +6,14 @@ import pytest
 
 from fastmode.planner.catalog import load_hardware, load_model
 from fastmode.planner.cost_model import CostModel
-from fastmode.planner.speculative import (SpecConfig, closed_form_speedup, expected_tokens_per_verify,
-                                          spec_cycle)
+from fastmode.planner.speculative import SpecConfig, closed_form_speedup, expected_tokens_per_verify, spec_cycle
 
 
 def test_expected_tokens_closed_form():
-    assert expected_tokens_per_verify(0.7, 4) == pytest.approx(sum(0.7 ** i for i in range(5)))
+    assert expected_tokens_per_verify(0.7, 4) == pytest.approx(sum(0.7**i for i in range(5)))
     assert expected_tokens_per_verify(0.0, 4) == 1.0
     assert expected_tokens_per_verify(1.0, 4) == 5.0  # every draft accepted
-    assert closed_form_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.2))
+    assert closed_form_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / (0.2 * 1.2))
 
 
 def test_memory_bound_speedup_matches_closed_form(h100, llama8b):

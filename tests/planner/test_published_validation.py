@@ -71,8 +71,14 @@ def test_calibration_points_are_the_fitted_entries(pv):
     points = pv.load_points()
     for name in hardware_names():
         for cal in calibration_points(name):
-            match = [p for p in points if p["hardware"] == name and p["model"] == cal["model"]
-                     and p["value"] == cal["tok_s"] and p["weight_format"] == cal["weight_format"]]
+            match = [
+                p
+                for p in points
+                if p["hardware"] == name
+                and p["model"] == cal["model"]
+                and p["value"] == cal["tok_s"]
+                and p["weight_format"] == cal["weight_format"]
+            ]
             assert len(match) == 1, (name, cal["model"])
             assert match[0]["used_for_fit"] == cal.get("fit", True), (name, cal["model"])
 

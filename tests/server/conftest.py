@@ -91,16 +91,19 @@ def tiny_spark(tiny_llama_dir, tiny_loaded, tmp_path_factory) -> LoadedModel:
 
 
 @contextlib.contextmanager
-def serve(loaded, config: ServerConfig | None = None, extra: Sequence[LoadedModel] = (),
-          **engine_kwargs) -> Iterator[RunningServer]:
+def serve(
+    loaded, config: ServerConfig | None = None, extra: Sequence[LoadedModel] = (), **engine_kwargs
+) -> Iterator[RunningServer]:
     """Serve `loaded` (and each of `extra` as another model, without speculation, as `serve` runs Spark)."""
     # One torch thread: the tiny model gains nothing from more, and the server and the
     # test client need the other core. Restored afterwards (the setting is process-wide).
     threads = torch.get_num_threads()
     kwargs = {**dict(model=str(loaded.path), dtype="float32", kv_cache_gib=0.01, num_threads=1), **engine_kwargs}
     engine = LLMEngine(EngineConfig(**kwargs), loaded=loaded)
-    extra_engines = [LLMEngine(EngineConfig(**{**kwargs, "model": str(x.path), "speculative": "off", "draft_model": None}),
-                               loaded=x) for x in extra]
+    extra_engines = [
+        LLMEngine(EngineConfig(**{**kwargs, "model": str(x.path), "speculative": "off", "draft_model": None}), loaded=x)
+        for x in extra
+    ]
     app = create_app(engine, config or ServerConfig(), extra_engines)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
@@ -137,8 +140,13 @@ SHORT_PROMPT = "count slowly"
 
 
 def chat_body(model: str, content: str = LONG_PROMPT, max_tokens: int = 300, **extra) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0, **extra}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        **extra,
+    }
 
 
 @pytest.fixture(scope="session")

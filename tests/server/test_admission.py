@@ -43,29 +43,50 @@ def test_rate_limits_answer_429_with_retry_after_in_each_dialect(tiny_loaded, ht
     cfg = ServerConfig(fast_requests_per_min=2, fast_output_tokens_per_min=300)
     with serve(tiny_loaded, cfg) as s:
         oa = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
-        ok = oa.chat.completions.with_raw_response.create(model=s.model, messages=[{"role": "user", "content": "hi"}],
-                                                           max_tokens=4, service_tier="priority")
+        ok = oa.chat.completions.with_raw_response.create(
+            model=s.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, service_tier="priority"
+        )
         assert ok.headers["x-ratelimit-limit-requests"] == "2" and ok.headers["x-ratelimit-remaining-requests"] == "1"
         ant = anthropic.Anthropic(base_url=s.url, api_key="x", max_retries=0)
-        raw = ant.messages.with_raw_response.create(model=s.model, max_tokens=4, speed="fast",
-                                                    messages=[{"role": "user", "content": "hi"}])
+        raw = ant.messages.with_raw_response.create(
+            model=s.model, max_tokens=4, speed="fast", messages=[{"role": "user", "content": "hi"}]
+        )
         assert raw.headers["anthropic-fast-output-tokens-limit"] == "300"
         with pytest.raises(openai.RateLimitError) as e:
-            oa.chat.completions.create(model=s.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                       service_tier="fast")
+            oa.chat.completions.create(
+                model=s.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, service_tier="fast"
+            )
         assert int(e.value.response.headers["retry-after"]) >= 1
-        assert e.value.body["code"] == "rate_limit_exceeded" and "x-ratelimit-reset-requests" in e.value.response.headers
+        assert (
+            e.value.body["code"] == "rate_limit_exceeded" and "x-ratelimit-reset-requests" in e.value.response.headers
+        )
         with pytest.raises(anthropic.RateLimitError) as e:
             ant.messages.create(model=s.model, max_tokens=4, speed="fast", messages=[{"role": "user", "content": "hi"}])
         assert e.value.body["error"]["type"] == "rate_limit_error"
-        assert "anthropic-fast-requests-remaining" in e.value.response.headers and "retry-after" in e.value.response.headers
+        assert (
+            "anthropic-fast-requests-remaining" in e.value.response.headers
+            and "retry-after" in e.value.response.headers
+        )
         # The documented fallback: retry without fast mode; auto falls back by itself and says so.
-        assert ant.messages.create(model=s.model, max_tokens=4, messages=[{"role": "user", "content": "hi"}]).usage.speed == "standard"
-        r = oa.chat.completions.create(model=s.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                       service_tier="auto")
-        assert r.service_tier == "default" and r.model_extra["service_tier_fallback_reason"] == "fast rate limit reached"
-        too_big = http.post(s.url + "/v1/messages", json={"model": s.model, "max_tokens": 400, "speed": "fast",
-                                                           "messages": [{"role": "user", "content": "hi"}]})
+        assert (
+            ant.messages.create(model=s.model, max_tokens=4, messages=[{"role": "user", "content": "hi"}]).usage.speed
+            == "standard"
+        )
+        r = oa.chat.completions.create(
+            model=s.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, service_tier="auto"
+        )
+        assert (
+            r.service_tier == "default" and r.model_extra["service_tier_fallback_reason"] == "fast rate limit reached"
+        )
+        too_big = http.post(
+            s.url + "/v1/messages",
+            json={
+                "model": s.model,
+                "max_tokens": 400,
+                "speed": "fast",
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
         assert too_big.status_code == 429 and "too large" in too_big.json()["error"]["message"]
 
 
@@ -75,14 +96,25 @@ def test_full_fast_lane_refuses_explicit_fast_and_downgrades_auto(tiny_loaded, h
         with open_stream(http, s, body={**chat_body(s.model), "stream": True, "service_tier": "priority"}):
             r = http.post(s.url + "/v1/chat/completions", json=chat_body(s.model, max_tokens=3, service_tier="fast"))
             assert r.status_code == 429 and r.json()["error"]["code"] == "fast_lane_full" and "retry-after" in r.headers
-            r = http.post(s.url + "/v1/messages", json={"model": s.model, "max_tokens": 3, "speed": "fast",
-                                                         "messages": [{"role": "user", "content": "hi"}]})
+            r = http.post(
+                s.url + "/v1/messages",
+                json={
+                    "model": s.model,
+                    "max_tokens": 3,
+                    "speed": "fast",
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            )
             assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
-            auto = http.post(s.url + "/v1/chat/completions", json=chat_body(s.model, max_tokens=3, service_tier="auto"), timeout=30).json()
+            auto = http.post(
+                s.url + "/v1/chat/completions", json=chat_body(s.model, max_tokens=3, service_tier="auto"), timeout=30
+            ).json()
             assert auto["service_tier"] == "default" and auto["service_tier_fallback_reason"] == "fast lane full"
             assert auto["requested_service_tier"] == "auto"
         assert s.wait_idle()
-        after = http.post(s.url + "/v1/chat/completions", json=chat_body(s.model, max_tokens=3, service_tier="auto"), timeout=30)
+        after = http.post(
+            s.url + "/v1/chat/completions", json=chat_body(s.model, max_tokens=3, service_tier="auto"), timeout=30
+        )
         assert after.json()["service_tier"] == "priority"
 
 
@@ -97,8 +129,13 @@ def test_bounded_queue_refuses_flex_first_then_everyone(tiny_loaded, http):
             with open_stream(http, s):
                 wait_for(lambda: waiting() == 2)
                 r = http.post(s.url + "/v1/chat/completions", json=chat_body(s.model, max_tokens=3))
-                assert r.status_code == 503 and "overloaded" in r.json()["error"]["message"] and "retry-after" in r.headers
-                r = http.post(s.url + "/v1/messages", json={"model": s.model, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
+                assert (
+                    r.status_code == 503 and "overloaded" in r.json()["error"]["message"] and "retry-after" in r.headers
+                )
+                r = http.post(
+                    s.url + "/v1/messages",
+                    json={"model": s.model, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+                )
                 assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error"
         assert s.wait_idle()
 
@@ -108,18 +145,25 @@ def test_api_keys_in_each_dialect(tiny_loaded, http):
         msg = [{"role": "user", "content": "hi"}]
         with pytest.raises(openai.AuthenticationError) as e:
             openai.OpenAI(base_url=s.url + "/v1", api_key="wrong", max_retries=0).chat.completions.create(
-                model=s.model, messages=msg, max_tokens=2)
+                model=s.model, messages=msg, max_tokens=2
+            )
         assert e.value.body["code"] == "invalid_api_key"
         good = openai.OpenAI(base_url=s.url + "/v1", api_key="sekrit", max_retries=0)
         # greedy: a sampled first token of the tiny model can be EOS
-        assert good.chat.completions.create(model=s.model, messages=msg, max_tokens=2,
-                                            temperature=0).usage.completion_tokens == 2
+        assert (
+            good.chat.completions.create(
+                model=s.model, messages=msg, max_tokens=2, temperature=0
+            ).usage.completion_tokens
+            == 2
+        )
         with pytest.raises(anthropic.AuthenticationError) as e:
             anthropic.Anthropic(base_url=s.url, api_key="wrong", max_retries=0).messages.create(
-                model=s.model, max_tokens=2, messages=msg)
+                model=s.model, max_tokens=2, messages=msg
+            )
         assert e.value.body["error"]["type"] == "authentication_error"
         ok = anthropic.Anthropic(base_url=s.url, api_key="sekrit", max_retries=0).messages.create(
-            model=s.model, max_tokens=2, messages=msg, extra_body={"temperature": 0})
+            model=s.model, max_tokens=2, messages=msg, extra_body={"temperature": 0}
+        )
         assert ok.usage.output_tokens == 2
         missing = http.get(s.url + "/v1/models")
         assert missing.status_code == 401 and "no API key" in missing.json()["error"]["message"]
@@ -128,8 +172,17 @@ def test_api_keys_in_each_dialect(tiny_loaded, http):
             event = json.loads(ws.recv(timeout=10))
             assert event["type"] == "error" and event["status"] == 401
         with connect(s.ws_url, additional_headers={"Authorization": "Bearer sekrit"}) as ws:
-            ws.send(json.dumps({"type": "response.create", "model": s.model, "input": "hi", "max_output_tokens": 2,
-                                "temperature": 0}))
+            ws.send(
+                json.dumps(
+                    {
+                        "type": "response.create",
+                        "model": s.model,
+                        "input": "hi",
+                        "max_output_tokens": 2,
+                        "temperature": 0,
+                    }
+                )
+            )
             types = []
             while not types or types[-1] not in ("response.completed", "response.incomplete", "error"):
                 types.append(json.loads(ws.recv(timeout=10))["type"])

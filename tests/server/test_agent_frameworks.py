@@ -275,8 +275,10 @@ def check_stored_turns(live: RunningServer, response_ids: list[str], result: str
     assert second.response["previous_response_id"] == (first.response_id if chained else None)
 
 
-@pytest.mark.parametrize("api,streamed", [("chat", False), ("chat", True), ("responses", False), ("responses", True),
-                                          ("responses-websocket", True)])
+@pytest.mark.parametrize(
+    "api,streamed",
+    [("chat", False), ("chat", True), ("responses", False), ("responses", True), ("responses-websocket", True)],
+)
 def test_openai_agents(live, wire, api, streamed):
     """openai-agents through OpenAIChatCompletionsModel and its default, the Responses API (over HTTP, and over the
     WebSocket with `use_responses_websocket`), run and streamed.
@@ -307,19 +309,37 @@ def test_openai_agents(live, wire, api, streamed):
         return weather(city)
 
     async def run():
-        client = AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", http_client=wire.async_client(),
-                             max_retries=0)
-        settings = ModelSettings(tool_choice="get_weather", parallel_tool_calls=False, temperature=0,
-                                 max_tokens=MAX_TOKENS, extra_body={"service_tier": "priority"})
+        client = AsyncOpenAI(
+            base_url=live.url + "/v1", api_key="unused", http_client=wire.async_client(), max_retries=0
+        )
+        settings = ModelSettings(
+            tool_choice="get_weather",
+            parallel_tool_calls=False,
+            temperature=0,
+            max_tokens=MAX_TOKENS,
+            extra_body={"service_tier": "priority"},
+        )
         if api == "chat":
-            model, config = OpenAIChatCompletionsModel(model=live.model, openai_client=client), RunConfig(
-                tracing_disabled=True)
+            model, config = (
+                OpenAIChatCompletionsModel(model=live.model, openai_client=client),
+                RunConfig(tracing_disabled=True),
+            )
         else:  # a model name, resolved by the provider to its default: the Responses API
             model = live.model
-            config = RunConfig(tracing_disabled=True, model_provider=OpenAIProvider(
-                openai_client=client, use_responses_websocket=api == "responses-websocket"))
-        agent = Agent(name="weather", instructions="Report the weather in the city the user names.", model=model,
-                      tools=[get_weather], output_type=Report, model_settings=settings)
+            config = RunConfig(
+                tracing_disabled=True,
+                model_provider=OpenAIProvider(
+                    openai_client=client, use_responses_websocket=api == "responses-websocket"
+                ),
+            )
+        agent = Agent(
+            name="weather",
+            instructions="Report the weather in the city the user names.",
+            model=model,
+            tools=[get_weather],
+            output_type=Report,
+            model_settings=settings,
+        )
         kwargs = {"max_turns": 3, "run_config": config}
         if streamed:
             kwargs["auto_previous_response_id"] = api != "chat"
@@ -359,11 +379,21 @@ def _pydantic_ai_agent(model, weather: WeatherTool, settings: dict):
     from pydantic_ai import Agent
 
     def step_settings(ctx):
-        return {**settings, "temperature": 0, "max_tokens": MAX_TOKENS, "parallel_tool_calls": False,
-                "tool_choice": ["final_result"] if weather.calls else ["get_weather"]}
+        return {
+            **settings,
+            "temperature": 0,
+            "max_tokens": MAX_TOKENS,
+            "parallel_tool_calls": False,
+            "tool_choice": ["final_result"] if weather.calls else ["get_weather"],
+        }
 
-    agent = Agent(model, output_type=Report, instructions="Report the weather in the city the user names.",
-                  model_settings=step_settings, retries=0)
+    agent = Agent(
+        model,
+        output_type=Report,
+        instructions="Report the weather in the city the user names.",
+        model_settings=step_settings,
+        retries=0,
+    )
 
     @agent.tool_plain
     def get_weather(city: City) -> str:
@@ -400,16 +430,18 @@ def test_pydantic_ai_openai(live, wire):
 
     async def run():
         http = wire.async_client()
-        model = OpenAIChatModel(live.model, provider=OpenAIProvider(base_url=live.url + "/v1", api_key="unused",
-                                                                    http_client=http))
+        model = OpenAIChatModel(
+            live.model, provider=OpenAIProvider(base_url=live.url + "/v1", api_key="unused", http_client=http)
+        )
         result = await _pydantic_ai_agent(model, weather, {"service_tier": "priority"}).run("Weather in Rome?")
         await http.aclose()
         return result
 
     result = asyncio.run(run())
     _pydantic_ai_checks(result, wire, weather, "priority")
-    assert {m.provider_details.get("service_tier") for m in result.all_messages()
-            if isinstance(m, ModelResponse)} == {"priority"}
+    assert {m.provider_details.get("service_tier") for m in result.all_messages() if isinstance(m, ModelResponse)} == {
+        "priority"
+    }
 
 
 def test_pydantic_ai_anthropic_streamed(live, wire):
@@ -424,17 +456,20 @@ def test_pydantic_ai_anthropic_streamed(live, wire):
     async def run():
         http = wire.async_client()
         # pydantic-ai sends `speed` (and the fast-mode beta header) only to models it knows have fast mode.
-        model = AnthropicModel(live.model, provider=AnthropicProvider(base_url=live.url, api_key="unused",
-                                                                      http_client=http),
-                               profile=AnthropicModelProfile(anthropic_supports_fast_speed=True))
+        model = AnthropicModel(
+            live.model,
+            provider=AnthropicProvider(base_url=live.url, api_key="unused", http_client=http),
+            profile=AnthropicModelProfile(anthropic_supports_fast_speed=True),
+        )
         settings = {"anthropic_speed": "fast"}
 
         async def on_events(ctx, stream):
             async for e in stream:
                 events.append(e)
 
-        result = await _pydantic_ai_agent(model, weather, settings).run("Weather in Tokyo?",
-                                                                        event_stream_handler=on_events)
+        result = await _pydantic_ai_agent(model, weather, settings).run(
+            "Weather in Tokyo?", event_stream_handler=on_events
+        )
         await http.aclose()
         return result
 
@@ -454,23 +489,50 @@ def test_litellm_tool_loop(live, wire):
 
     weather = WeatherTool()
     client = OpenAI(base_url=live.url + "/v1", api_key="unused", http_client=wire.client(), max_retries=0)
-    tool = {"type": "function", "function": {
-        "name": "get_weather", "description": WeatherTool.description,
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["paris", "rome", "tokyo"]}},
-                       "required": ["city"], "additionalProperties": False}}}
-    common = {"model": f"openai/{live.model}", "api_base": live.url + "/v1", "api_key": "unused", "client": client,
-              "temperature": 0, "max_tokens": MAX_TOKENS, "service_tier": "priority", "parallel_tool_calls": False}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": WeatherTool.description,
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["paris", "rome", "tokyo"]}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    common = {
+        "model": f"openai/{live.model}",
+        "api_base": live.url + "/v1",
+        "api_key": "unused",
+        "client": client,
+        "temperature": 0,
+        "max_tokens": MAX_TOKENS,
+        "service_tier": "priority",
+        "parallel_tool_calls": False,
+    }
     messages = [{"role": "user", "content": "Weather in Paris?"}]
-    first = litellm.completion(messages=messages, tools=[tool],
-                               tool_choice={"type": "function", "function": {"name": "get_weather"}}, **common)
+    first = litellm.completion(
+        messages=messages, tools=[tool], tool_choice={"type": "function", "function": {"name": "get_weather"}}, **common
+    )
     assert first.choices[0].finish_reason == "tool_calls"
     (call,) = first.choices[0].message.tool_calls
     args = json.loads(call.function.arguments)
-    messages += [first.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": weather(**args)}]
-    final = litellm.completion(messages=messages, tools=[tool], tool_choice="none", **common,
-                               response_format={"type": "json_schema", "json_schema": {
-                                   "name": "report", "strict": True, "schema": REPORT_SCHEMA}})
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": weather(**args)},
+    ]
+    final = litellm.completion(
+        messages=messages,
+        tools=[tool],
+        tool_choice="none",
+        **common,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "report", "strict": True, "schema": REPORT_SCHEMA},
+        },
+    )
     Report.model_validate_json(final.choices[0].message.content)
     assert final.choices[0].finish_reason == "stop"
     check_tool_round_trip(wire, "get_weather", call.id, args, weather.token, "priority")

@@ -35,7 +35,12 @@ def test_standard_message_and_metered_usage(client, server):
 
 def test_fast_mode_with_the_beta_header(client, server):
     raw = client.beta.messages.with_raw_response.create(
-        model=server.model, max_tokens=6, messages=msgs(), extra_body=GREEDY, speed="fast", betas=["fast-mode-2026-02-01"]
+        model=server.model,
+        max_tokens=6,
+        messages=msgs(),
+        extra_body=GREEDY,
+        speed="fast",
+        betas=["fast-mode-2026-02-01"],
     )
     m = raw.parse()
     assert m.usage.speed == "fast" and raw.headers["x-fastmode-tier"] == "fast"
@@ -47,19 +52,31 @@ def test_fast_mode_without_the_beta_header(client, server):
 
 
 def test_end_turn_and_stop_sequence(client, server):
-    assert client.messages.create(model=server.model, max_tokens=20, messages=msgs(SHORT_PROMPT), extra_body=GREEDY).stop_reason == "end_turn"
+    assert (
+        client.messages.create(
+            model=server.model, max_tokens=20, messages=msgs(SHORT_PROMPT), extra_body=GREEDY
+        ).stop_reason
+        == "end_turn"
+    )
     full = client.messages.create(model=server.model, max_tokens=30, messages=msgs(), extra_body=GREEDY).content[0].text
     stop = full[8:11]
-    m = client.messages.create(model=server.model, max_tokens=30, messages=msgs(), stop_sequences=[stop], extra_body=GREEDY)
+    m = client.messages.create(
+        model=server.model, max_tokens=30, messages=msgs(), stop_sequences=[stop], extra_body=GREEDY
+    )
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
     assert m.content[0].text == full[: full.index(stop)]
 
 
 def test_system_blocks_prefill_and_top_k(client, server):
     m = client.messages.create(
-        model=server.model, max_tokens=5, extra_body={"top_k": 5, "top_p": 0.9, "temperature": 0.5},
+        model=server.model,
+        max_tokens=5,
+        extra_body={"top_k": 5, "top_p": 0.9, "temperature": 0.5},
         system=[{"type": "text", "text": "You are terse."}],
-        messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "assistant", "content": "Well,"}],
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": "Well,"},
+        ],
     )
     assert m.usage.output_tokens <= 5
 
@@ -76,7 +93,14 @@ def test_sdk_stream_accumulates_the_message(client, server):
 def test_raw_event_sequence(server):
     # Greedy, so the tiny model's text (and so the number of non-empty deltas) is fixed: sampled
     # tokens could end inside a UTF-8 character or at EOS and leave no delta to send.
-    body = {"model": server.model, "max_tokens": 5, "messages": msgs(), "stream": True, "speed": "fast", "temperature": 0}
+    body = {
+        "model": server.model,
+        "max_tokens": 5,
+        "messages": msgs(),
+        "stream": True,
+        "speed": "fast",
+        "temperature": 0,
+    }
     with httpx.stream("POST", server.url + "/v1/messages", json=body, timeout=30) as r:
         events = [line[7:] for line in r.iter_lines() if line.startswith("event: ")]
         assert r.status_code == 200
@@ -86,7 +110,14 @@ def test_raw_event_sequence(server):
 
 
 def test_stream_usage_reports_speed(server):
-    body = {"model": server.model, "max_tokens": 3, "messages": msgs(), "stream": True, "speed": "fast", "temperature": 0}
+    body = {
+        "model": server.model,
+        "max_tokens": 3,
+        "messages": msgs(),
+        "stream": True,
+        "speed": "fast",
+        "temperature": 0,
+    }
     with httpx.stream("POST", server.url + "/v1/messages", json=body, timeout=30) as r:
         data = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert data[0]["message"]["usage"]["speed"] == "fast"
@@ -96,11 +127,25 @@ def test_stream_usage_reports_speed(server):
 
 @pytest.mark.parametrize(
     "body, status, kind",
-    [({"messages": [{"role": "user", "content": "hi"}]}, 400, "invalid_request_error"),  # max_tokens missing
-     ({"max_tokens": 5, "messages": []}, 400, "invalid_request_error"),
-     ({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "invalid_request_error"),
-     ({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "x"}]}, 400, "invalid_request_error"),
-     ({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "model": "claude-9"}, 404, "not_found_error")],
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, 400, "invalid_request_error"),  # max_tokens missing
+        ({"max_tokens": 5, "messages": []}, 400, "invalid_request_error"),
+        (
+            {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "temperature": -1},
+            400,
+            "invalid_request_error",
+        ),
+        (
+            {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "x"}]},
+            400,
+            "invalid_request_error",
+        ),
+        (
+            {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "model": "claude-9"},
+            404,
+            "not_found_error",
+        ),
+    ],
 )
 def test_errors_in_anthropic_format(server, body, status, kind, http):
     r = http.post(server.url + "/v1/messages", json={"model": server.model, **body}, timeout=30)

@@ -5,36 +5,79 @@ from __future__ import annotations
 import pytest
 
 from fastmode.cli import build_parser
-from fastmode.engine.config import EngineConfig
 from fastmode.commands.flags import pick as _pick
+from fastmode.engine.config import EngineConfig
 from fastmode.server.config import ServerConfig
 from tests.server.conftest import export_spark
 
 
 def test_flags_map_onto_both_configs():
-    args = build_parser().parse_args([
-        "serve", "--port", "9001", "--fast-lane-max-batch", "2", "--max-num-seqs", "8", "--kv-cache-gib", "0.5",
-        "--no-enable-prefix-caching", "--max-model-len", "none", "--fast-requests-per-min", "30",
-        "--max-waiting-requests", "10", "--api-key", "k",
-    ])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--port",
+            "9001",
+            "--fast-lane-max-batch",
+            "2",
+            "--max-num-seqs",
+            "8",
+            "--kv-cache-gib",
+            "0.5",
+            "--no-enable-prefix-caching",
+            "--max-model-len",
+            "none",
+            "--fast-requests-per-min",
+            "30",
+            "--max-waiting-requests",
+            "10",
+            "--api-key",
+            "k",
+        ]
+    )
     server = ServerConfig(**_pick(ServerConfig, args))
     engine = EngineConfig(**_pick(EngineConfig, args))
     assert (server.port, server.max_waiting_requests, server.api_key) == (9001, 10, "k")
     assert server.fast_requests_per_min == 30.0
-    assert (engine.scheduling.fast_lane_max_batch, engine.scheduling.max_num_seqs, engine.cache.kv_cache_gib) == (2, 8, 0.5)
-    assert engine.scheduling.enable_prefix_caching is False and engine.max_model_len is None and engine.load.model is None
+    assert (engine.scheduling.fast_lane_max_batch, engine.scheduling.max_num_seqs, engine.cache.kv_cache_gib) == (
+        2,
+        8,
+        0.5,
+    )
+    assert (
+        engine.scheduling.enable_prefix_caching is False and engine.max_model_len is None and engine.load.model is None
+    )
 
 
 def test_speculation_flags_keep_their_short_forms():
-    args = build_parser().parse_args([
-        "serve", "--speculative", "draft", "--num-speculative-tokens", "3", "--speculative-tiers", "standard,fast",
-        "--speculative-max-batch", "2", "--speculative-min-gain", "0", "--draft-model", "layers:1",
-    ])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--speculative",
+            "draft",
+            "--num-speculative-tokens",
+            "3",
+            "--speculative-tiers",
+            "standard,fast",
+            "--speculative-max-batch",
+            "2",
+            "--speculative-min-gain",
+            "0",
+            "--draft-model",
+            "layers:1",
+        ]
+    )
     spec = EngineConfig(**_pick(EngineConfig, args)).speculation
     assert (spec.method, spec.max_draft_tokens, spec.tiers, spec.max_batch, spec.min_gain) == (
-        "draft", 3, ("standard", "fast"), 2, 0.0)
+        "draft",
+        3,
+        ("standard", "fast"),
+        2,
+        0.0,
+    )
     assert EngineConfig(**_pick(EngineConfig, args)).load.draft_model == "layers:1"
-    long_form = build_parser().parse_args(["serve", "--speculative-method", "off", "--speculative-max-draft-tokens", "2"])
+    long_form = build_parser().parse_args(
+        ["serve", "--speculative-method", "off", "--speculative-max-draft-tokens", "2"]
+    )
     spec = EngineConfig(**_pick(EngineConfig, long_form)).speculation
     assert (spec.method, spec.max_draft_tokens) == ("off", 2)
 
@@ -73,14 +116,17 @@ def test_serve_spark_flag():
     assert ServerConfig(**_pick(ServerConfig, args)).serve_spark is False
 
 
-def test_spark_engine_serves_the_default_models_spark_when_present(tiny_llama_dir, tiny_loaded, tiny_spark, tmp_path,
-                                                                   monkeypatch, capsys):
+def test_spark_engine_serves_the_default_models_spark_when_present(
+    tiny_llama_dir, tiny_loaded, tiny_spark, tmp_path, monkeypatch, capsys
+):
     import fastmode.distill.spark as spark
     import fastmode.loader.default_model as default_model
     from fastmode.engine.llm_engine import LLMEngine
     from fastmode.server.command import spark_engine
 
-    config = EngineConfig(model=str(tiny_loaded.path), dtype="float32", kv_cache_gib=0.01, num_threads=1, draft_model=None)
+    config = EngineConfig(
+        model=str(tiny_loaded.path), dtype="float32", kv_cache_gib=0.01, num_threads=1, draft_model=None
+    )
     main = LLMEngine(config, loaded=tiny_loaded)
     monkeypatch.setattr(spark, "find_spark", lambda name=None: tiny_spark.path)
     assert spark_engine(main, config) is None  # the main model is not the default model
@@ -101,8 +147,26 @@ def test_generate_and_chat_flags_come_from_the_same_dataclasses():
     from fastmode.commands.common import sampling_from_args
     from fastmode.engine.config import LoadConfig
 
-    args = build_parser().parse_args(["generate", "hi", "--dtype", "float32", "--weights", "dequantize", "--stop", "a,b",
-                                      "--stop", "c", "--temperature", "0.5", "--max-tokens", "7", "--tier", "fast"])
+    args = build_parser().parse_args(
+        [
+            "generate",
+            "hi",
+            "--dtype",
+            "float32",
+            "--weights",
+            "dequantize",
+            "--stop",
+            "a,b",
+            "--stop",
+            "c",
+            "--temperature",
+            "0.5",
+            "--max-tokens",
+            "7",
+            "--tier",
+            "fast",
+        ]
+    )
     assert _pick(LoadConfig, args) == {"model": None, "dtype": "float32", "weights": "dequantize"}
     params = sampling_from_args(args)
     assert (params.stop, params.temperature, params.max_tokens, args.tier) == (("a,b", "c"), 0.5, 7, "fast")

@@ -20,8 +20,13 @@ def small(tiny_loaded):
 
 
 def messages_body(model: str, max_tokens: int, **extra) -> dict:
-    return {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": LONG_PROMPT}],
-            "temperature": 0, **extra}
+    return {
+        "model": model,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": LONG_PROMPT}],
+        "temperature": 0,
+        **extra,
+    }
 
 
 def test_openai_ends_at_the_context_with_length(small, http):
@@ -32,8 +37,10 @@ def test_openai_ends_at_the_context_with_length(small, http):
         data = r.json()
         assert data["choices"][0]["finish_reason"] == "length"
         assert data["usage"]["prompt_tokens"] + data["usage"]["completion_tokens"] == CONTEXT
-    r = http.post(small.url + "/v1/completions",
-                  json={"model": small.model, "prompt": [1] * (CONTEXT - 4), "max_tokens": 100_000, "ignore_eos": True})
+    r = http.post(
+        small.url + "/v1/completions",
+        json={"model": small.model, "prompt": [1] * (CONTEXT - 4), "max_tokens": 100_000, "ignore_eos": True},
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     assert r.json()["choices"][0]["finish_reason"] == "length"
     assert small.wait_idle()
@@ -47,7 +54,9 @@ def test_anthropic_says_the_context_window_ended_it(small, http):
     used = msg["usage"]["input_tokens"] + msg["usage"]["cache_read_input_tokens"] + msg["usage"]["output_tokens"]
     assert used == CONTEXT
     # Its own budget reached first: max_tokens, as before.
-    assert http.post(small.url + "/v1/messages", json=messages_body(small.model, 3)).json()["stop_reason"] == "max_tokens"
+    assert (
+        http.post(small.url + "/v1/messages", json=messages_body(small.model, 3)).json()["stop_reason"] == "max_tokens"
+    )
     with http.stream("POST", small.url + "/v1/messages", json=messages_body(small.model, 64_000, stream=True)) as s:
         assert s.status_code == 200
         events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]

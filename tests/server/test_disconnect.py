@@ -12,13 +12,18 @@ from tests.server.conftest import chat_body, serve
 
 def aborted_total(http, server) -> float:
     text = http.get(server.url + "/metrics").text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("fastmode:request_aborted_total"))
+    return sum(
+        float(line.split()[-1]) for line in text.splitlines() if line.startswith("fastmode:request_aborted_total")
+    )
 
 
 @pytest.mark.parametrize(
     "path, body",
-    [("/v1/chat/completions", {"stream": True}), ("/v1/completions", {"stream": True, "prompt": "tell me"}),
-     ("/v1/messages", {"stream": True, "speed": "fast"})],
+    [
+        ("/v1/chat/completions", {"stream": True}),
+        ("/v1/completions", {"stream": True, "prompt": "tell me"}),
+        ("/v1/messages", {"stream": True, "speed": "fast"}),
+    ],
 )
 def test_stream_disconnect_aborts_and_frees_kv(server, http, path, body):
     before = aborted_total(http, server)
@@ -63,4 +68,7 @@ def test_shutdown_drains_a_request_in_flight(tiny_loaded, http):
     # serve() has asked uvicorn to exit: it lets the response finish, then stops the engine.
     t.join(10)
     assert [line for line in lines if line][-1] == "data: [DONE]"
-    assert not engine.scheduler.running and engine.scheduler.block_manager.num_free_blocks == engine.scheduler_config.num_blocks
+    assert (
+        not engine.scheduler.running
+        and engine.scheduler.block_manager.num_free_blocks == engine.scheduler_config.num_blocks
+    )

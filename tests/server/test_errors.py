@@ -31,18 +31,31 @@ def test_malformed_json(server, http):
     assert "not valid JSON" in err["message"]
     err = anthropic_error(post(http, server, "/v1/messages", content=b"{nope", headers=headers), 400)
     assert "not valid JSON" in err["message"]
-    assert "JSON object" in openai_error(post(http, server, "/v1/chat/completions", content=b"[1, 2]", headers=headers), 400)["message"]
+    assert (
+        "JSON object"
+        in openai_error(post(http, server, "/v1/chat/completions", content=b"[1, 2]", headers=headers), 400)["message"]
+    )
 
 
 @pytest.mark.parametrize(
     "change, param",
-    [({"max_tokens": "many"}, "max_tokens"), ({"temperature": -0.5}, "temperature"), ({"messages": []}, "messages"),
-     ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"), ({"top_p": 0}, "top_p"),
-     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
-     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content[0]"),
-     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f"}}]}]},
-      "messages[0].tool_calls[0].function.arguments"),
-     ({"max_tokens": 0}, "max_tokens")],
+    [
+        ({"max_tokens": "many"}, "max_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
+        ({"top_p": 0}, "top_p"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages[0].content[0]",
+        ),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f"}}]}]},
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        ({"max_tokens": 0}, "max_tokens"),
+    ],
 )
 def test_wrong_types_and_values_are_400(server, change, param, http):
     err = openai_error(post(http, server, "/v1/chat/completions", json={**chat_body(server.model), **change}), 400)
@@ -54,11 +67,18 @@ def test_context_limits(server, http):
     long_text = "a b " * limit
     err = openai_error(post(http, server, "/v1/chat/completions", json=chat_body(server.model, content=long_text)), 400)
     assert err["code"] == "context_length_exceeded" and str(limit) in err["message"]
-    r = post(http, server, "/v1/messages", json={"model": server.model, "max_tokens": 5, "messages": [{"role": "user", "content": long_text}]})
+    r = post(
+        http,
+        server,
+        "/v1/messages",
+        json={"model": server.model, "max_tokens": 5, "messages": [{"role": "user", "content": long_text}]},
+    )
     assert "context limit" in anthropic_error(r, 400)["message"]
     # A max_tokens past the context is accepted and ends at the context: tests/server/test_context_limit.py.
     # max_tokens omitted: the rest of the context, as OpenAI does.
-    ok = post(http, server, "/v1/completions", json={"model": server.model, "prompt": [1] * (limit - 3), "max_tokens": None})
+    ok = post(
+        http, server, "/v1/completions", json={"model": server.model, "prompt": [1] * (limit - 3), "max_tokens": None}
+    )
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 3
 
 
@@ -75,13 +95,28 @@ def test_bad_token_ids_and_unknown_routes(server, http):
 
 @pytest.mark.parametrize(
     "path, body, words",
-    [("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-      "messages[0].content[0]: the type 'image_url' is not accepted here (use one of 'text', 'refusal')"),
-     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content: input should be"),
-     ("/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-      "messages[0].content[0]: the type 'image' is not accepted here"),
-     ("/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
-      "messages[0].content[0].tool_use_id is required")],
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content[0]: the type 'image_url' is not accepted here (use one of 'text', 'refusal')",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": 5}]},
+            "messages[0].content: input should be",
+        ),
+        (
+            "/v1/messages",
+            {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            "messages[0].content[0]: the type 'image' is not accepted here",
+        ),
+        (
+            "/v1/messages",
+            {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
+            "messages[0].content[0].tool_use_id is required",
+        ),
+    ],
 )
 def test_history_errors_name_the_first_bad_field_in_one_sentence(server, http, path, body, words):
     r = post(http, server, path, json={"model": server.model, **body})

@@ -46,12 +46,38 @@ def bases(model: str) -> dict[str, dict]:
 
 
 CORPUS = [
-    b"", b"{", b"null", b"[]", b"42", b'"text"', b"\xff\xfe", b"{" * 50_000, b"[" * 100_000,
-    b'{"model": NaN}', b'{"messages": Infinity}',
+    b"",
+    b"{",
+    b"null",
+    b"[]",
+    b"42",
+    b'"text"',
+    b"\xff\xfe",
+    b"{" * 50_000,
+    b"[" * 100_000,
+    b'{"model": NaN}',
+    b'{"messages": Infinity}',
 ]
 FIELD_VALUES = [
-    None, True, -1, 0, 2**64, -(2**63) - 1, 1e308, 5e-324, -5e-324, math.nan, math.inf, "", "\ud800", "x" * 5000,
-    [], [None], {}, {"a": {"b": {"c": []}}}, [[[[[]]]]],
+    None,
+    True,
+    -1,
+    0,
+    2**64,
+    -(2**63) - 1,
+    1e308,
+    5e-324,
+    -5e-324,
+    math.nan,
+    math.inf,
+    "",
+    "\ud800",
+    "x" * 5000,
+    [],
+    [None],
+    {},
+    {"a": {"b": {"c": []}}},
+    [[[[[]]]]],
 ]
 
 
@@ -67,19 +93,42 @@ def test_malformed_corpus(server, http, path):
     assert server.wait_idle()
 
 
-json_leaf = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-             | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=40)
-             | st.sampled_from(["\ud800", "\udfff", "auto", "fast", "priority", "function", "text", "user"]))
-json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=4)
-                          | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=12)
+json_leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=40)
+    | st.sampled_from(["\ud800", "\udfff", "auto", "fast", "priority", "function", "text", "user"])
+)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(path=st.sampled_from(OPENAI_PATHS + ANTHROPIC_PATHS), data=st.data())
 def test_generated_requests(server, http, path, data):
     base = bases(server.model)[path]
-    names = sorted(base) + ["stop", "seed", "top_p", "top_k", "n", "tools", "tool_choice", "stream", "logit_bias",
-                            "response_format", "text", "stop_sequences", "service_tier", "speed", "metadata"]
+    names = sorted(base) + [
+        "stop",
+        "seed",
+        "top_p",
+        "top_k",
+        "n",
+        "tools",
+        "tool_choice",
+        "stream",
+        "logit_bias",
+        "response_format",
+        "text",
+        "stop_sequences",
+        "service_tier",
+        "speed",
+        "metadata",
+    ]
     changes = data.draw(st.dictionaries(st.sampled_from(names), json_value, min_size=1, max_size=3))
     body = {**base, **changes}
     if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 8:

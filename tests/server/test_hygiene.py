@@ -30,8 +30,10 @@ def test_unknown_values_are_never_echoed_whole(server, http):
     assert r.status_code == 404 and len(r.json()["error"]["message"]) < 500
     r = http.get(server.url + "/v1/responses/" + "r" * 5000)
     assert r.status_code == 404 and "(5000 characters)" in r.json()["error"]["message"]
-    r = http.post(server.url + "/v1/chat/completions", json={"model": server.model, "k" * 10_000: 1,
-                                                              "messages": [{"role": "user", "content": "hi"}]})
+    r = http.post(
+        server.url + "/v1/chat/completions",
+        json={"model": server.model, "k" * 10_000: 1, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 400 and len(r.text) < 1000
 
 
@@ -105,12 +107,19 @@ def test_allowed_hosts_origins_and_cors(tiny_loaded, http):
         auth = {"authorization": "Bearer k"}
         # With a key, the key is the guard: any Host is served.
         assert http.get(s.url + "/v1/models", headers={**auth, "host": "api.example"}).status_code == 200
-        pre = http.options(s.url + "/v1/chat/completions", headers={
-            "origin": "https://app.example", "access-control-request-method": "POST",
-            "access-control-request-headers": "authorization,content-type"})
+        pre = http.options(
+            s.url + "/v1/chat/completions",
+            headers={
+                "origin": "https://app.example",
+                "access-control-request-method": "POST",
+                "access-control-request-headers": "authorization,content-type",
+            },
+        )
         assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://app.example"
-        other = http.options(s.url + "/v1/chat/completions", headers={
-            "origin": "https://evil.example", "access-control-request-method": "POST"})
+        other = http.options(
+            s.url + "/v1/chat/completions",
+            headers={"origin": "https://evil.example", "access-control-request-method": "POST"},
+        )
         assert "access-control-allow-origin" not in other.headers
         with pytest.raises(InvalidStatus):
             connect(s.ws_url, origin="https://evil.example", additional_headers=auth, open_timeout=10)
@@ -167,8 +176,10 @@ def test_response_store_is_bounded_in_bytes():
 
 
 def test_store_false_is_not_stored(server, http):
-    r = http.post(server.url + "/v1/responses", json={"model": server.model, "input": "hi", "max_output_tokens": 2,
-                                                       "temperature": 0, "store": False})
+    r = http.post(
+        server.url + "/v1/responses",
+        json={"model": server.model, "input": "hi", "max_output_tokens": 2, "temperature": 0, "store": False},
+    )
     assert r.status_code == 200
     assert http.get(server.url + "/v1/responses/" + r.json()["id"]).status_code == 404
 

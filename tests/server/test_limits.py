@@ -39,10 +39,17 @@ def anthropic_error(r, status=400) -> dict:
     return body["error"]
 
 
-@pytest.mark.parametrize("field, value", [
-    ("seed", 2**64), ("seed", -(2**63) - 1), ("temperature", 3.0), ("top_p", 0.0), ("top_k", 2**40),
-    ("presence_penalty", 5.0),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("seed", 2**64),
+        ("seed", -(2**63) - 1),
+        ("temperature", 3.0),
+        ("top_p", 0.0),
+        ("top_k", 2**40),
+        ("presence_penalty", 5.0),
+    ],
+)
 def test_openai_parameters_out_of_range_are_400_naming_the_field(server, http, field, value):
     r = http.post(server.url + "/v1/chat/completions", json=chat_body(server.model, max_tokens=2, **{field: value}))
     err = openai_error(r)
@@ -52,19 +59,31 @@ def test_openai_parameters_out_of_range_are_400_naming_the_field(server, http, f
 def test_nan_and_infinity_are_refused(server, http):
     # Python's json writes NaN and Infinity, as some clients do.
     for field, value in (("temperature", float("nan")), ("top_p", float("inf")), ("frequency_penalty", float("-inf"))):
-        err = openai_error(post_raw(http, server.url + "/v1/chat/completions",
-                                    chat_body(server.model, max_tokens=2, **{field: value})))
+        err = openai_error(
+            post_raw(http, server.url + "/v1/chat/completions", chat_body(server.model, max_tokens=2, **{field: value}))
+        )
         assert err["param"] == field
-    err = anthropic_error(post_raw(http, server.url + "/v1/messages", {
-        "model": server.model, "max_tokens": 2, "temperature": float("nan"),
-        "messages": [{"role": "user", "content": "hi"}]}))
+    err = anthropic_error(
+        post_raw(
+            http,
+            server.url + "/v1/messages",
+            {
+                "model": server.model,
+                "max_tokens": 2,
+                "temperature": float("nan"),
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
+    )
     assert err["message"].startswith("temperature")
 
 
 def test_seed_at_the_int64_bounds_is_served(server, http):
     for seed in (2**63 - 1, -(2**63)):
-        r = http.post(server.url + "/v1/chat/completions",
-                      json=chat_body(server.model, max_tokens=2, temperature=1.0, seed=seed, n=2))
+        r = http.post(
+            server.url + "/v1/chat/completions",
+            json=chat_body(server.model, max_tokens=2, temperature=1.0, seed=seed, n=2),
+        )
         assert r.status_code == 200, r.text
 
 
@@ -74,8 +93,15 @@ def test_subnormal_temperature_and_top_p_are_served_greedy_token_exact(server, h
         r = http.post(server.url + "/v1/chat/completions", json={**chat_body(server.model, max_tokens=8), **extra})
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"] == greedy["choices"][0]["message"]["content"]
-    r = http.post(server.url + "/v1/messages", json={"model": server.model, "max_tokens": 8, "temperature": 5e-324,
-                                                      "messages": [{"role": "user", "content": LONG_PROMPT}]})
+    r = http.post(
+        server.url + "/v1/messages",
+        json={
+            "model": server.model,
+            "max_tokens": 8,
+            "temperature": 5e-324,
+            "messages": [{"role": "user", "content": LONG_PROMPT}],
+        },
+    )
     assert r.status_code == 200 and r.json()["content"][0]["text"] == greedy["choices"][0]["message"]["content"]
 
 
@@ -93,14 +119,17 @@ def test_lone_surrogates_are_400_in_every_field_and_dialect(server, http):
     for path, body, param in cases:
         err = openai_error(post_raw(http, server.url + path, body))
         assert err["param"] == param and "surrogate" in err["message"], (path, err)
-    for body in ({"model": m, "max_tokens": 2, "system": bad, "messages": [{"role": "user", "content": "hi"}]},
-                 {"model": m, "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "text", "text": bad}]}]},
-                 {"model": bad, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}):
+    for body in (
+        {"model": m, "max_tokens": 2, "system": bad, "messages": [{"role": "user", "content": "hi"}]},
+        {"model": m, "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "text", "text": bad}]}]},
+        {"model": bad, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+    ):
         err = anthropic_error(post_raw(http, server.url + "/v1/messages", body))
         assert "surrogate" in err["message"] and err["type"] == "invalid_request_error"
     # A key counts too (tool schemas, metadata).
-    err = openai_error(post_raw(http, server.url + "/v1/chat/completions",
-                                {**chat_body(m, max_tokens=2), "metadata": {bad: "x"}}))
+    err = openai_error(
+        post_raw(http, server.url + "/v1/chat/completions", {**chat_body(m, max_tokens=2), "metadata": {bad: "x"}})
+    )
     assert err["param"] == "metadata"
 
 
@@ -119,8 +148,16 @@ def test_bad_requests_do_not_hurt_requests_in_flight(server, http):
     for extra in ({"seed": 2**64}, {"seed": -(2**63) - 1}, {"temperature": 5e-324, "max_tokens": 3}):
         r = http.post(server.url + "/v1/chat/completions", json={**chat_body(server.model, max_tokens=40), **extra})
         assert r.status_code in (200, 400)
-        post_raw(http, server.url + "/v1/messages", {"model": server.model, "max_tokens": 3, "system": "\udc00",
-                                                     "messages": [{"role": "user", "content": "x"}]})
+        post_raw(
+            http,
+            server.url + "/v1/messages",
+            {
+                "model": server.model,
+                "max_tokens": 3,
+                "system": "\udc00",
+                "messages": [{"role": "user", "content": "x"}],
+            },
+        )
     for t in threads:
         t.join(60)
     text = solo["choices"][0]["message"]["content"]
@@ -130,8 +167,15 @@ def test_bad_requests_do_not_hurt_requests_in_flight(server, http):
 
 @pytest.fixture(scope="module")
 def small(tiny_loaded):
-    cfg = ServerConfig(max_body_mib=0.0625, max_messages=8, max_tools=2, max_stop_sequences=4, max_stop_chars=16,
-                       max_name_chars=32, max_nesting_depth=12)
+    cfg = ServerConfig(
+        max_body_mib=0.0625,
+        max_messages=8,
+        max_tools=2,
+        max_stop_sequences=4,
+        max_stop_chars=16,
+        max_name_chars=32,
+        max_nesting_depth=12,
+    )
     with serve(tiny_loaded, cfg) as s:
         yield s
 
@@ -160,8 +204,17 @@ def test_input_limits_are_400_naming_the_field(small, http):
         deep = {"type": "object", "properties": {"a": deep}}
     err = openai_error(http.post(url, json={**chat_body(m, max_tokens=2), "tools": [_tool(parameters=deep)]}))
     assert "nests deeper than 12" in err["message"] and err["param"].startswith("tools[0].function.parameters")
-    err = anthropic_error(http.post(small.url + "/v1/messages", json={
-        "model": m, "max_tokens": 2, "stop_sequences": ["s"] * 5, "messages": [{"role": "user", "content": "hi"}]}))
+    err = anthropic_error(
+        http.post(
+            small.url + "/v1/messages",
+            json={
+                "model": m,
+                "max_tokens": 2,
+                "stop_sequences": ["s"] * 5,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
+    )
     assert err["message"].startswith("stop_sequences")
     # JSON nested past the parser's own recursion limit is a 400 too, never a 500.
     r = http.post(url, content=b"[" * 100_000 + b"]" * 100_000, headers={"content-type": "application/json"})
@@ -181,12 +234,14 @@ def test_body_size_is_checked_before_the_body_is_read(small, http):
 
     def chunks():
         for i in range(0, len(data), 8192):
-            yield data[i:i + 8192]
+            yield data[i : i + 8192]
 
     r = http.post(small.url + "/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
     assert "content-length" not in r.request.headers
     openai_error(r, 413)
-    r = http.post(small.url + "/v1/messages/count_tokens", content=chunks(), headers={"content-type": "application/json"})
+    r = http.post(
+        small.url + "/v1/messages/count_tokens", content=chunks(), headers={"content-type": "application/json"}
+    )
     anthropic_error(r, 413)
     assert http.get(small.url + "/health").status_code == 200
 
@@ -230,8 +285,9 @@ def test_a_large_prompt_does_not_stall_other_requests(server, http):
     status = {}
 
     def big():
-        r = http.post(server.url + "/v1/completions", json={"model": server.model, "prompt": "word " * 200_000,
-                                                             "max_tokens": 2})
+        r = http.post(
+            server.url + "/v1/completions", json={"model": server.model, "prompt": "word " * 200_000, "max_tokens": 2}
+        )
         status["big"] = r.status_code
         done.set()
 

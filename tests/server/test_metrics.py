@@ -29,8 +29,13 @@ def has(text: str, name: str, **labels) -> bool:
 
 def test_metrics_after_requests_in_two_tiers(server, http):
     for tier in ("priority", "default"):
-        body = {"model": server.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
-                "service_tier": tier, "temperature": 0}
+        body = {
+            "model": server.model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5,
+            "service_tier": tier,
+            "temperature": 0,
+        }
         assert http.post(server.url + "/v1/chat/completions", json=body).status_code == 200
     r = http.get(server.url + "/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
@@ -58,8 +63,13 @@ def test_speculation_counters_per_tier(tiny_loaded, http):
     # Its own server: the counters must start at zero, and nothing else may speculate in standard.
     with serve(tiny_loaded) as s:
         for tier in ("priority", "default"):  # n-gram drafting is on in the fast tier only, by default
-            body = {"model": s.model, "messages": [{"role": "user", "content": REPETITIVE}], "max_tokens": 40,
-                    "service_tier": tier, "temperature": 0}
+            body = {
+                "model": s.model,
+                "messages": [{"role": "user", "content": REPETITIVE}],
+                "max_tokens": 40,
+                "service_tier": tier,
+                "temperature": 0,
+            }
             assert http.post(s.url + "/v1/chat/completions", json=body).status_code == 200
         text = http.get(s.url + "/metrics").text
     drafts = value(text, "fastmode:spec_decode_num_drafts_total", model=s.model, tier="fast")
@@ -67,8 +77,12 @@ def test_speculation_counters_per_tier(tiny_loaded, http):
     accepted = value(text, "fastmode:spec_decode_num_accepted_tokens_total", model=s.model, tier="fast")
     assert drafts > 0 and proposed >= drafts and 0 <= accepted <= proposed
     assert value(text, "fastmode:spec_decode_acceptance_rate", model=s.model, tier="fast") == accepted / proposed
-    for name in ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
-                 "spec_decode_num_accepted_tokens_total", "spec_decode_acceptance_rate"):
+    for name in (
+        "spec_decode_num_drafts_total",
+        "spec_decode_num_draft_tokens_total",
+        "spec_decode_num_accepted_tokens_total",
+        "spec_decode_acceptance_rate",
+    ):
         assert not has(text, f"fastmode:{name}", tier="standard")
 
 
@@ -77,6 +91,8 @@ def test_each_app_has_its_own_registry(tiny_loaded):
     from fastmode.engine.llm_engine import LLMEngine
     from fastmode.server.app import create_app
 
-    engine = LLMEngine(EngineConfig(model=str(tiny_loaded.path), dtype="float32", kv_cache_gib=0.01), loaded=tiny_loaded)
+    engine = LLMEngine(
+        EngineConfig(model=str(tiny_loaded.path), dtype="float32", kv_cache_gib=0.01), loaded=tiny_loaded
+    )
     a, b = create_app(engine, ServerConfig()), create_app(engine, ServerConfig())
     assert a.state.fastmode.metrics.registry is not b.state.fastmode.metrics.registry

@@ -43,8 +43,9 @@ def test_each_name_runs_its_own_model(pair, names, tiny_spark):
     texts = {}
     with openai.OpenAI(base_url=pair.url + "/v1", api_key="x", max_retries=0) as oa:
         for name in names:
-            r = oa.chat.completions.create(model=name, messages=[{"role": "user", "content": LONG_PROMPT}],
-                                           max_tokens=8, temperature=0)
+            r = oa.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": LONG_PROMPT}], max_tokens=8, temperature=0
+            )
             assert r.model == name and r.usage.completion_tokens == 8
             texts[name] = r.choices[0].message.content
             chunks = list(oa.completions.create(model=name, prompt="hello", max_tokens=3, stream=True))
@@ -60,12 +61,16 @@ def test_each_name_runs_its_own_model(pair, names, tiny_spark):
 
 def test_websocket_continues_on_either_model(pair, names):
     with connect(pair.ws_url) as ws:
+
         def create(model, **extra):
-            ws.send(json.dumps({"type": "response.create", "model": model, "input": "hi", "max_output_tokens": 4, **extra}))
+            ws.send(
+                json.dumps({"type": "response.create", "model": model, "input": "hi", "max_output_tokens": 4, **extra})
+            )
             while True:
                 event = json.loads(ws.recv())
                 if event["type"] in ("response.completed", "response.incomplete", "error"):
                     return event
+
         first = create(names[1])
         assert first["response"]["model"] == names[1]
         # Continued on the other model: rendered afresh from the text, as its cache holds none of those tokens.
@@ -74,21 +79,25 @@ def test_websocket_continues_on_either_model(pair, names):
 
 
 def test_unknown_model_is_a_404_naming_both(pair, names, http):
-    r = http.post(pair.url + "/v1/chat/completions",
-                  json={"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]})
+    r = http.post(
+        pair.url + "/v1/chat/completions", json={"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}
+    )
     err = r.json()["error"]
     assert r.status_code == 404 and err["code"] == "model_not_found"
     assert all(f"`{n}`" in err["message"] for n in names)
-    r = http.post(pair.url + "/v1/messages", json={"model": "claude-9", "max_tokens": 2,
-                                                   "messages": [{"role": "user", "content": "hi"}]})
+    r = http.post(
+        pair.url + "/v1/messages",
+        json={"model": "claude-9", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     assert http.get(pair.url + "/v1/models/gpt-9").status_code == 404
 
 
 def test_metrics_and_health_per_model(pair, names, http):
     with openai.OpenAI(base_url=pair.url + "/v1", api_key="x", max_retries=0) as oa:
-        oa.chat.completions.create(model=names[1], messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-                                   service_tier="priority")
+        oa.chat.completions.create(
+            model=names[1], messages=[{"role": "user", "content": "hi"}], max_tokens=3, service_tier="priority"
+        )
     text = http.get(pair.url + "/metrics").text
     for name in names:
         assert value(text, "fastmode:kv_cache_usage_perc", model=name) == 0
@@ -109,7 +118,9 @@ def test_shutdown_stops_every_engine_thread(tiny_loaded, tiny_spark, http):
 
 
 def test_extra_engines_by_name_and_duplicate_names(tiny_loaded):
-    engine = LLMEngine(EngineConfig(model=str(tiny_loaded.path), dtype="float32", kv_cache_gib=0.01), loaded=tiny_loaded)
+    engine = LLMEngine(
+        EngineConfig(model=str(tiny_loaded.path), dtype="float32", kv_cache_gib=0.01), loaded=tiny_loaded
+    )
     app = create_app(engine, ServerConfig(served_model_name="main"), {"other": engine})
     assert list(app.state.fastmode.models) == ["main", "other"]
     assert create_app(engine).state.fastmode.main.name == engine.model_name  # the one-engine form still works

@@ -29,8 +29,14 @@ def test_models_lists_the_served_model(client, server):
 
 @pytest.mark.parametrize(
     "requested, served",
-    [(None, "default"), ("default", "default"), ("flex", "flex"), ("priority", "priority"), ("fast", "priority"),
-     ("auto", "priority")],
+    [
+        (None, "default"),
+        ("default", "default"),
+        ("flex", "flex"),
+        ("priority", "priority"),
+        ("fast", "priority"),
+        ("auto", "priority"),
+    ],
 )
 def test_service_tier_mapping_and_metered_usage(client, server, requested, served):
     kw = {"service_tier": requested} if requested else {}
@@ -57,10 +63,16 @@ def test_same_prompt_twice_hits_the_prefix_cache(client, server):
 
 def test_system_and_assistant_messages_and_max_completion_tokens(client, server):
     r = client.chat.completions.create(
-        model=server.model, max_completion_tokens=5, temperature=0,
-        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
-                  {"role": "assistant", "content": "hello"}, {"role": "developer", "content": "again"},
-                  {"role": "user", "content": [{"type": "text", "text": "more"}]}],
+        model=server.model,
+        max_completion_tokens=5,
+        temperature=0,
+        messages=[
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "developer", "content": "again"},
+            {"role": "user", "content": [{"type": "text", "text": "more"}]},
+        ],
     )
     assert r.usage.completion_tokens <= 5
 
@@ -82,8 +94,9 @@ def test_stop_string_cuts_the_text(client, server):
 
 
 def test_streaming_chunks_usage_and_done(client, server):
-    chunks = list(ask(client, server, max_tokens=10, stream=True, stream_options={"include_usage": True},
-                      service_tier="priority"))
+    chunks = list(
+        ask(client, server, max_tokens=10, stream=True, stream_options={"include_usage": True}, service_tier="priority")
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(c.object == "chat.completion.chunk" and c.service_tier == "priority" for c in chunks)
     assert chunks[-2].choices[0].finish_reason == "length"
@@ -106,21 +119,35 @@ def test_completions_text_and_token_prompt(client, server):
     assert r.object == "text_completion" and r.usage.completion_tokens == 5 and r.service_tier == "default"
     ids = client.completions.create(model=server.model, prompt=[5, 17, 42], max_tokens=4, temperature=0)
     assert ids.usage.prompt_tokens == 3
-    stream = list(client.completions.create(model=server.model, prompt="hello", max_tokens=4, temperature=0,
-                                            stream=True, extra_body={"service_tier": "fast"}))
+    stream = list(
+        client.completions.create(
+            model=server.model,
+            prompt="hello",
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            extra_body={"service_tier": "fast"},
+        )
+    )
     assert stream[-1].choices[0].finish_reason == "length" and stream[0].service_tier == "priority"
 
 
 @pytest.mark.parametrize(
     "extra, param",
-    [({"functions": [{"name": "f"}]}, "functions"), ({"modalities": ["text", "audio"]}, "modalities"),
-     ({"prediction": {"type": "content", "content": "x"}}, "prediction"), ({"reasoning_effort": "low"}, "reasoning_effort"),
-     ({"store": True}, "store"), ({"service_tier": "scale"}, "service_tier")],
+    [
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+        ({"reasoning_effort": "low"}, "reasoning_effort"),
+        ({"store": True}, "store"),
+        ({"service_tier": "scale"}, "service_tier"),
+    ],
 )
 def test_unsupported_parameters_are_refused(client, server, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}],
-                                       max_tokens=2, **extra)
+        client.chat.completions.create(
+            model=server.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, **extra
+        )
     assert e.value.body["param"] == param and e.value.body["type"] == "invalid_request_error"
 
 

@@ -24,14 +24,26 @@ from tests.server.test_responses_ws import run_turn
 # The fallback tool prompt is long for the tiny tokenizer (384 tokens of vocabulary):
 # this server's model has a longer context than the shared tiny one.
 WEATHER = {
-    "type": "function", "name": "get_weather", "description": "The weather in a city.", "strict": True,
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
-                                                    "days": {"type": "integer", "minimum": 1, "maximum": 9}},
-                   "required": ["city", "days"], "additionalProperties": False},
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "strict": True,
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 9},
+        },
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    },
 }
-ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 99},
-                                                  "sure": {"type": "boolean"}},
-                 "required": ["answer", "sure"], "additionalProperties": False}
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 99}, "sure": {"type": "boolean"}},
+    "required": ["answer", "sure"],
+    "additionalProperties": False,
+}
 TEXT_EVENTS = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
 TEXT_DONE = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
 
@@ -51,13 +63,18 @@ def client(server) -> Iterator[openai.OpenAI]:
 
 def valid_weather_args(arguments: str) -> bool:
     args = json.loads(arguments)
-    return (set(args) == {"city", "days"} and args["city"] in ("Paris", "Rome", "Oslo")
-            and isinstance(args["days"], int) and 1 <= args["days"] <= 9)
+    return (
+        set(args) == {"city", "days"}
+        and args["city"] in ("Paris", "Rome", "Oslo")
+        and isinstance(args["days"], int)
+        and 1 <= args["days"] <= 9
+    )
 
 
 def test_non_streaming_turn_and_headers(server, client):
-    raw = client.responses.with_raw_response.create(model=server.model, input=LONG_PROMPT, max_output_tokens=6,
-                                                    temperature=0)
+    raw = client.responses.with_raw_response.create(
+        model=server.model, input=LONG_PROMPT, max_output_tokens=6, temperature=0
+    )
     r = raw.parse()
     assert raw.headers["x-request-id"] == r.id and r.id.startswith("resp_")
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
@@ -67,8 +84,9 @@ def test_non_streaming_turn_and_headers(server, client):
 
 
 def test_stream_event_order_and_sequence(server, client):
-    events = list(client.responses.create(model=server.model, input=LONG_PROMPT, max_output_tokens=5,
-                                          temperature=0, stream=True))
+    events = list(
+        client.responses.create(model=server.model, input=LONG_PROMPT, max_output_tokens=5, temperature=0, stream=True)
+    )
     types = [e.type for e in events]
     assert types[:4] == TEXT_EVENTS and types[-4:] == TEXT_DONE + ["response.incomplete"]
     assert set(types[4:-4]) == {"response.output_text.delta"}
@@ -107,10 +125,17 @@ def test_get_stored_response_and_store_false(server, client):
 
 
 def test_previous_response_id_reuses_the_prefix(server, client):
-    first = client.responses.create(model=server.model, instructions="You are terse.", input=LONG_PROMPT,
-                                    max_output_tokens=30, temperature=1.0)
-    second = client.responses.create(model=server.model, instructions="You are terse.", input="go on",
-                                     previous_response_id=first.id, max_output_tokens=3, temperature=0)
+    first = client.responses.create(
+        model=server.model, instructions="You are terse.", input=LONG_PROMPT, max_output_tokens=30, temperature=1.0
+    )
+    second = client.responses.create(
+        model=server.model,
+        instructions="You are terse.",
+        input="go on",
+        previous_response_id=first.id,
+        max_output_tokens=3,
+        temperature=0,
+    )
     assert second.previous_response_id == first.id
     done = first.usage.input_tokens + first.usage.output_tokens
     # Every full block of turn 1 (prompt + reply) is served from the cache.
@@ -119,17 +144,29 @@ def test_previous_response_id_reuses_the_prefix(server, client):
 
 
 def test_forced_call_then_tool_result(server, client):
-    first = client.responses.create(model=server.model, input="Weather in Rome?", tools=[WEATHER],
-                                    tool_choice="required", parallel_tool_calls=False, max_output_tokens=300,
-                                    temperature=0.8, service_tier="priority")
+    first = client.responses.create(
+        model=server.model,
+        input="Weather in Rome?",
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=300,
+        temperature=0.8,
+        service_tier="priority",
+    )
     assert first.status == "completed" and first.service_tier == "priority"
     [call] = first.output
     assert call.type == "function_call" and call.status == "completed" and call.name == "get_weather"
     assert call.call_id.startswith("call_") and call.id.startswith("fc_") and valid_weather_args(call.arguments)
     second = client.responses.create(
-        model=server.model, previous_response_id=first.id, tools=[WEATHER], tool_choice="none",
+        model=server.model,
+        previous_response_id=first.id,
+        tools=[WEATHER],
+        tool_choice="none",
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 24 C"}],
-        max_output_tokens=8, temperature=0, service_tier="priority",
+        max_output_tokens=8,
+        temperature=0,
+        service_tier="priority",
     )
     assert second.status in ("completed", "incomplete") and [o.type for o in second.output] == ["message"]
     done = first.usage.input_tokens + first.usage.output_tokens
@@ -137,20 +174,40 @@ def test_forced_call_then_tool_result(server, client):
 
 
 def test_full_history_tool_loop_without_previous_response_id(server, client):
-    history = [{"type": "message", "role": "user", "content": "Weather in Oslo?"},
-               {"type": "function_call", "call_id": "call_1", "name": "get_weather",
-                "arguments": json.dumps({"city": "Oslo", "days": 2})},
-               {"type": "function_call_output", "call_id": "call_1", "output": "snow"}]
-    r = client.responses.create(model=server.model, input=history, tools=[WEATHER],
-                                tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=300,
-                                temperature=0)
+    history = [
+        {"type": "message", "role": "user", "content": "Weather in Oslo?"},
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": json.dumps({"city": "Oslo", "days": 2}),
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "snow"},
+    ]
+    r = client.responses.create(
+        model=server.model,
+        input=history,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=300,
+        temperature=0,
+    )
     assert r.status == "completed" and r.output[0].type == "function_call" and valid_weather_args(r.output[0].arguments)
 
 
 def test_streamed_call_events(server, client):
-    events = list(client.responses.create(model=server.model, input="Weather?", tools=[WEATHER],
-                                          tool_choice="required", parallel_tool_calls=False,
-                                          max_output_tokens=300, temperature=0, stream=True))
+    events = list(
+        client.responses.create(
+            model=server.model,
+            input="Weather?",
+            tools=[WEATHER],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_output_tokens=300,
+            temperature=0,
+            stream=True,
+        )
+    )
     types = [e.type for e in events]
     assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
     assert events[2].item.type == "function_call" and events[2].item.arguments == ""
@@ -162,14 +219,23 @@ def test_streamed_call_events(server, client):
 
 
 def test_text_format_json_schema(server, client):
-    r = client.responses.create(model=server.model, input="Answer as JSON.", max_output_tokens=200, temperature=0.7,
-                                text={"format": {"type": "json_schema", "name": "answer", "schema": ANSWER_SCHEMA,
-                                                 "strict": True}})
+    r = client.responses.create(
+        model=server.model,
+        input="Answer as JSON.",
+        max_output_tokens=200,
+        temperature=0.7,
+        text={"format": {"type": "json_schema", "name": "answer", "schema": ANSWER_SCHEMA, "strict": True}},
+    )
     assert r.status == "completed" and r.text.format.type == "json_schema"
     value = json.loads(r.output_text)
     assert set(value) == {"answer", "sure"} and 0 <= value["answer"] <= 99 and isinstance(value["sure"], bool)
-    obj = client.responses.create(model=server.model, input="JSON please", max_output_tokens=200, temperature=0,
-                                  text={"format": {"type": "json_object"}})
+    obj = client.responses.create(
+        model=server.model,
+        input="JSON please",
+        max_output_tokens=200,
+        temperature=0,
+        text={"format": {"type": "json_object"}},
+    )
     assert obj.status != "completed" or isinstance(json.loads(obj.output_text), dict)
 
 
@@ -178,8 +244,15 @@ def test_text_format_with_tools_is_an_answer_or_calls(server, client):
     either calls with valid arguments or one answer under the format, whichever the model starts."""
     fmt = {"format": {"type": "json_schema", "name": "answer", "schema": ANSWER_SCHEMA, "strict": True}}
     for seed in range(4):
-        r = client.responses.create(model=server.model, input="Weather in Rome?", tools=[WEATHER], text=fmt,
-                                    max_output_tokens=300, temperature=1.0, extra_body={"seed": seed})
+        r = client.responses.create(
+            model=server.model,
+            input="Weather in Rome?",
+            tools=[WEATHER],
+            text=fmt,
+            max_output_tokens=300,
+            temperature=1.0,
+            extra_body={"seed": seed},
+        )
         assert r.status == "completed"
         if r.output[0].type == "function_call":
             assert all(o.type == "function_call" and valid_weather_args(o.arguments) for o in r.output)
@@ -188,31 +261,43 @@ def test_text_format_with_tools_is_an_answer_or_calls(server, client):
 
 
 def test_invalid_schema_is_a_400_before_the_stream(server, http):
-    body = {"model": server.model, "input": "x", "stream": True,
-            "text": {"format": {"type": "json_schema", "name": "bad", "schema": {"type": "object", "properties": 7}}}}
+    body = {
+        "model": server.model,
+        "input": "x",
+        "stream": True,
+        "text": {"format": {"type": "json_schema", "name": "bad", "schema": {"type": "object", "properties": 7}}},
+    }
     r = http.post(server.url + "/v1/responses", json=body)
     assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
     assert r.json()["error"]["param"] == "text.format"
     bad_tool = {**WEATHER, "parameters": {"type": "string"}}
     r = http.post(server.url + "/v1/responses", json={**body, "text": None, "tools": [bad_tool]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tools" and "get_weather" in r.json()["error"]["message"]
+    assert (
+        r.status_code == 400 and r.json()["error"]["param"] == "tools" and "get_weather" in r.json()["error"]["message"]
+    )
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
-    ({"include": ["file_search_call.results"]}, "include"),
-    ({"background": True}, "background"),
-    ({"truncation": "auto"}, "truncation"),
-    ({"tools": [{"type": "web_search"}]}, "tools"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
-    ({"service_tier": "scale"}, "service_tier"),
-    ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]}, "input[0].call_id"),
-    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]}, "input[0].arguments"),
-    ({"frequency_penalty": 1}, "frequency_penalty"),
-    ({"input": "word " * 5000}, "input"),
-    ({"speculative": "draft"}, "speculative"),
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"include": ["file_search_call.results"]}, "include"),
+        ({"background": True}, "background"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+        ({"service_tier": "scale"}, "service_tier"),
+        ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]}, "input[0].call_id"),
+        (
+            {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]},
+            "input[0].arguments",
+        ),
+        ({"frequency_penalty": 1}, "frequency_penalty"),
+        ({"input": "word " * 5000}, "input"),
+        ({"speculative": "draft"}, "speculative"),
+    ],
+)
 def test_refusals_name_the_parameter(server, http, extra, param):
     r = http.post(server.url + "/v1/responses", json={"model": server.model, "input": "x", **extra})
     assert r.status_code == 400, r.text
@@ -221,8 +306,9 @@ def test_refusals_name_the_parameter(server, http, extra, param):
 
 
 def test_fast_tier_is_served_and_reported(server, client):
-    raw = client.responses.with_raw_response.create(model=server.model, input="hi", max_output_tokens=2,
-                                                    service_tier="priority", temperature=0)
+    raw = client.responses.with_raw_response.create(
+        model=server.model, input="hi", max_output_tokens=2, service_tier="priority", temperature=0
+    )
     r = raw.parse()
     assert r.service_tier == "priority" and raw.headers["x-fastmode-tier"] == "priority"
     assert r.model_extra["requested_service_tier"] == "priority"
@@ -243,8 +329,15 @@ def _comparable(event: dict) -> dict:
 
 
 def test_websocket_and_http_send_the_same_events(server, http):
-    body = {"model": server.model, "input": "Weather in Paris?", "tools": [WEATHER], "tool_choice": "auto",
-            "max_output_tokens": 40, "temperature": 0.9, "seed": 7}
+    body = {
+        "model": server.model,
+        "input": "Weather in Paris?",
+        "tools": [WEATHER],
+        "tool_choice": "auto",
+        "max_output_tokens": 40,
+        "temperature": 0.9,
+        "seed": 7,
+    }
     with http.stream("POST", server.url + "/v1/responses", json={**body, "stream": True}) as resp:
         over_http = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
     with connect(server.ws_url) as ws:
@@ -254,13 +347,28 @@ def test_websocket_and_http_send_the_same_events(server, http):
 
 def test_websocket_warm_up_then_generate(server):
     with connect(server.ws_url) as ws:
-        warm = run_turn(ws, model=server.model, instructions="You help.", tools=[WEATHER], generate=False,
-                        input=[{"type": "message", "role": "user", "content": LONG_PROMPT}])
+        warm = run_turn(
+            ws,
+            model=server.model,
+            instructions="You help.",
+            tools=[WEATHER],
+            generate=False,
+            input=[{"type": "message", "role": "user", "content": LONG_PROMPT}],
+        )
         assert [e["type"] for e in warm] == ["response.created", "response.in_progress", "response.completed"]
         done = warm[-1]["response"]
         assert done["output"] == [] and done["usage"]["output_tokens"] == 0 and done["usage"]["input_tokens"] > 0
-        turn = run_turn(ws, model=server.model, instructions="You help.", tools=[WEATHER], tool_choice="required",
-                        previous_response_id=done["id"], input="and in Oslo?", max_output_tokens=300, temperature=0)
+        turn = run_turn(
+            ws,
+            model=server.model,
+            instructions="You help.",
+            tools=[WEATHER],
+            tool_choice="required",
+            previous_response_id=done["id"],
+            input="and in Oslo?",
+            max_output_tokens=300,
+            temperature=0,
+        )
     final = turn[-1]["response"]
     assert turn[-1]["type"] == "response.completed" and final["previous_response_id"] == done["id"]
     assert final["output"][0]["type"] == "function_call" and valid_weather_args(final["output"][0]["arguments"])
@@ -271,24 +379,40 @@ def test_websocket_warm_up_then_generate(server):
 def test_websocket_store_false_chains_on_its_connection_only(server, client):
     with connect(server.ws_url) as ws:
         first = run_turn(ws, model=server.model, input="hi", max_output_tokens=2, store=False)[-1]["response"]
-        second = run_turn(ws, model=server.model, input="more", max_output_tokens=2,
-                          previous_response_id=first["id"])[-1]
+        second = run_turn(ws, model=server.model, input="more", max_output_tokens=2, previous_response_id=first["id"])[
+            -1
+        ]
         assert second["type"] in ("response.completed", "response.incomplete")
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(first["id"])
 
 
 def test_output_text_logprobs(server, client):
-    r = client.responses.create(model=server.model, input=LONG_PROMPT, max_output_tokens=5, temperature=0,
-                                include=["message.output_text.logprobs"], top_logprobs=3)
+    r = client.responses.create(
+        model=server.model,
+        input=LONG_PROMPT,
+        max_output_tokens=5,
+        temperature=0,
+        include=["message.output_text.logprobs"],
+        top_logprobs=3,
+    )
     logprobs = r.output[0].content[0].logprobs
     assert len(logprobs) == r.usage.output_tokens == 5
     for lp in logprobs:
         assert lp.logprob <= 0 and len(lp.top_logprobs) == 3 and bytes(lp.bytes).decode("utf-8", "replace")
         # Greedy: the chosen token is the most likely one.
         assert lp.logprob == pytest.approx(max(t.logprob for t in lp.top_logprobs), abs=1e-4)
-    events = list(client.responses.create(model=server.model, input=LONG_PROMPT, max_output_tokens=5, temperature=0,
-                                          include=["message.output_text.logprobs"], top_logprobs=3, stream=True))
+    events = list(
+        client.responses.create(
+            model=server.model,
+            input=LONG_PROMPT,
+            max_output_tokens=5,
+            temperature=0,
+            include=["message.output_text.logprobs"],
+            top_logprobs=3,
+            stream=True,
+        )
+    )
     streamed = [(lp.token, lp.logprob) for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
     done = [(lp.token, lp.logprob) for lp in events[-4].logprobs]
     # Each delta carries its tokens' logprobs; a token whose text is held back (part of a
@@ -312,8 +436,14 @@ def test_engine_failure_is_response_failed(server, client, monkeypatch):
 
     monkeypatch.setattr(server.engine.runner, "execute", broken)
     events = list(client.responses.create(model=server.model, input="hi", max_output_tokens=5, stream=True))
-    assert [e.type for e in events] == ["response.created", "response.in_progress", "response.output_item.added",
-                                        "response.content_part.added", *TEXT_DONE, "response.failed"]
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *TEXT_DONE,
+        "response.failed",
+    ]
     failed = events[-1].response
     assert failed.status == "failed" and failed.error.code == "server_error" and failed.error.message
     assert failed.output[0].status == "incomplete"

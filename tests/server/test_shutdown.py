@@ -28,15 +28,17 @@ def _read_all(client: httpx.Client, url: str, body: dict, out: list) -> None:
 
 
 def test_sigterm_drains_then_ends_what_is_left_with_errors(tiny_loaded):
-    engine = LLMEngine(EngineConfig(model=str(tiny_loaded.path), dtype="float32", kv_cache_gib=0.01, num_threads=1),
-                       loaded=tiny_loaded)
+    engine = LLMEngine(
+        EngineConfig(model=str(tiny_loaded.path), dtype="float32", kv_cache_gib=0.01, num_threads=1), loaded=tiny_loaded
+    )
     drain_s = 1.0
     app = create_app(engine, ServerConfig(drain_timeout_s=drain_s))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2),
-                            app.state.fastmode, drain_s)
+    server = DrainingServer(
+        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2), app.state.fastmode, drain_s
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -45,14 +47,26 @@ def test_sigterm_drains_then_ends_what_is_left_with_errors(tiny_loaded):
         time.sleep(0.01)
     model = app.state.fastmode.main.name
     # Runs to the end of the context: longer than the drain timeout.
-    long = {"model": model, "messages": [{"role": "user", "content": LONG_PROMPT}], "temperature": 0,
-            "ignore_eos": True, "stream": True}
-    anthropic_long = {"model": model, "max_tokens": 100_000, "messages": [{"role": "user", "content": LONG_PROMPT}],
-                      "stream": True, "temperature": 0}
+    long = {
+        "model": model,
+        "messages": [{"role": "user", "content": LONG_PROMPT}],
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    anthropic_long = {
+        "model": model,
+        "max_tokens": 100_000,
+        "messages": [{"role": "user", "content": LONG_PROMPT}],
+        "stream": True,
+        "temperature": 0,
+    }
     oa, an = [], []
     with httpx.Client(timeout=60) as c1, httpx.Client(timeout=60) as c2, httpx.Client(timeout=10) as c3:
-        threads = [threading.Thread(target=_read_all, args=(c1, url + "/v1/chat/completions", long, oa)),
-                   threading.Thread(target=_read_all, args=(c2, url + "/v1/messages", anthropic_long, an))]
+        threads = [
+            threading.Thread(target=_read_all, args=(c1, url + "/v1/chat/completions", long, oa)),
+            threading.Thread(target=_read_all, args=(c2, url + "/v1/messages", anthropic_long, an)),
+        ]
         for t in threads:
             t.start()
         ws = connect(url.replace("http", "ws") + "/v1/responses")

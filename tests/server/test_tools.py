@@ -50,8 +50,13 @@ CALL_N = '<tool_call>{"name": "noop", "arguments": {}}</tool_call>'
 def tok(tmp_path_factory) -> Tokenizer:
     path = tmp_path_factory.mktemp("tok")
     build_tokenizer(path)
-    return Tokenizer(HFTokenizer.from_file(str(path / "tokenizer.json")), bos_token_id=None, eos_token_ids=[2],
-                     add_bos=False, chat_template=CHATML)
+    return Tokenizer(
+        HFTokenizer.from_file(str(path / "tokenizer.json")),
+        bos_token_id=None,
+        eos_token_ids=[2],
+        add_bos=False,
+        chat_template=CHATML,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +79,14 @@ def grammar(tools, choice, answer=None) -> str:
 
 def test_auto_accepts_text_or_calls_and_refuses_malformed_calls(ll_tok):
     g = grammar([WEATHER, NOOP], ToolChoice("auto"))
-    for ok in ["", "Sunny, I think.", "a < b and <tool_cal", "I'll check.\n" + CALL_W, CALL_W + "\n" + CALL_N,
-               '<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>']:
+    for ok in [
+        "",
+        "Sunny, I think.",
+        "a < b and <tool_cal",
+        "I'll check.\n" + CALL_W,
+        CALL_W + "\n" + CALL_N,
+        '<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>',
+    ]:
         assert accepts(ll_tok, g, ok), ok
     for bad in [
         "text <tool_call> and no call",
@@ -103,8 +114,17 @@ def test_required_named_and_single_call(ll_tok):
 
 
 def test_auto_with_an_answer_format_is_calls_or_one_json_answer(ll_tok):
-    answer = StructuredOutput("json_schema", json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
-                                                         "required": ["ok"], "additionalProperties": False}))
+    answer = StructuredOutput(
+        "json_schema",
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {"ok": {"type": "boolean"}},
+                "required": ["ok"],
+                "additionalProperties": False,
+            }
+        ),
+    )
     g = grammar([WEATHER, NOOP], ToolChoice("auto"), answer)
     assert accepts(ll_tok, g, '{"ok": true}') and accepts(ll_tok, g, CALL_N)
     for bad in ["plain text", '{"ok":true}', '{"ok": true}' + CALL_N, "Sure. " + CALL_N]:
@@ -186,10 +206,14 @@ def test_parser_passes_unconstrained_strays_on_as_text():
 HISTORY = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Weather?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
-        {"id": "call_2", "type": "function", "function": {"name": "noop", "arguments": {}}},
-    ]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+            {"id": "call_2", "type": "function", "function": {"name": "noop", "arguments": {}}},
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     {"role": "tool", "tool_call_id": "call_2", "content": "done"},
 ]

@@ -29,15 +29,32 @@ WEATHER_SCHEMA = {
     "required": ["city", "days"],
     "additionalProperties": False,
 }
-TIME_SCHEMA = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
-               "additionalProperties": False}
+TIME_SCHEMA = {
+    "type": "object",
+    "properties": {"zone": {"enum": ["UTC", "CET"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
 OPENAI_TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                      "parameters": WEATHER_SCHEMA, "strict": True}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": WEATHER_SCHEMA,
+            "strict": True,
+        },
+    },
     {"type": "function", "function": {"name": "get_time", "description": "The time", "parameters": TIME_SCHEMA}},
 ]
-ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
-                    "input_schema": t["function"]["parameters"]} for t in OPENAI_TOOLS]
+ANTHROPIC_TOOLS = [
+    {
+        "name": t["function"]["name"],
+        "description": t["function"]["description"],
+        "input_schema": t["function"]["parameters"],
+    }
+    for t in OPENAI_TOOLS
+]
 SCHEMAS = {"get_weather": WEATHER_SCHEMA, "get_time": TIME_SCHEMA}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 CALL_TOKENS = 200  # a call takes ~80 tokens of the tiny vocabulary
@@ -75,10 +92,18 @@ def chat(oai, server, messages=ASK, **kw):
 
 # --- OpenAI Chat Completions ---------------------------------------------------------------
 
+
 def test_forced_call_on_the_fast_tier_then_the_result_goes_back(oai, tool_server):
     raw = oai.chat.completions.with_raw_response.create(
-        model=tool_server.model, messages=ASK, tools=OPENAI_TOOLS, tool_choice="required", parallel_tool_calls=False,
-        max_tokens=CALL_TOKENS, temperature=0, service_tier="priority")
+        model=tool_server.model,
+        messages=ASK,
+        tools=OPENAI_TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=CALL_TOKENS,
+        temperature=0,
+        service_tier="priority",
+    )
     r = raw.parse()
     assert r.service_tier == "priority" and raw.headers["x-fastmode-tier"] == "priority"
     assert raw.headers["x-request-id"] == r.id
@@ -88,8 +113,10 @@ def test_forced_call_on_the_fast_tier_then_the_result_goes_back(oai, tool_server
     assert call.id.startswith("call_") and call.type == "function"
     valid(call.function.name, json.loads(call.function.arguments))
     # The second turn sends the call and its result back; it completes, on a longer prompt.
-    history = ASK + [choice.message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+    history = ASK + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+    ]
     second = chat(oai, tool_server, history, tools=OPENAI_TOOLS, max_tokens=8, service_tier="priority")
     assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
     assert second.usage.prompt_tokens > r.usage.prompt_tokens
@@ -98,8 +125,11 @@ def test_forced_call_on_the_fast_tier_then_the_result_goes_back(oai, tool_server
 
 
 def test_streamed_call_matches_the_plain_one(oai, tool_server):
-    kw = {"tools": OPENAI_TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}},
-          "service_tier": "priority"}
+    kw = {
+        "tools": OPENAI_TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+        "service_tier": "priority",
+    }
     plain = chat(oai, tool_server, **kw).choices[0]
     chunks = list(chat(oai, tool_server, stream=True, stream_options={"include_usage": True}, **kw))
     assert all(c.service_tier == "priority" for c in chunks)
@@ -160,26 +190,43 @@ def test_response_format_with_tools(oai, tool_server):
                 valid(c.function.name, json.loads(c.function.arguments))
         elif m.finish_reason == "stop":
             valid("get_time", json.loads(m.message.content))
-    forced = chat(oai, tool_server, tools=OPENAI_TOOLS, response_format=fmt, tool_choice="required",
-                  parallel_tool_calls=False).choices[0]
+    forced = chat(
+        oai, tool_server, tools=OPENAI_TOOLS, response_format=fmt, tool_choice="required", parallel_tool_calls=False
+    ).choices[0]
     assert forced.finish_reason == "tool_calls" and len(forced.message.tool_calls) == 1
 
 
 def test_invalid_schemas_are_400s_naming_them(oai, tool_server):
     bad = {"type": "object", "properties": {"x": {"type": "strng"}}}
     with pytest.raises(openai.BadRequestError) as e:
-        chat(oai, tool_server, tools=[{"type": "function", "function": {"name": "f", "parameters": bad, "strict": True}}])
+        chat(
+            oai, tool_server, tools=[{"type": "function", "function": {"name": "f", "parameters": bad, "strict": True}}]
+        )
     assert e.value.body["param"] == "tools" and "tools[0] (f)" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
-        chat(oai, tool_server, response_format={"type": "json_schema",
-                                                "json_schema": {"name": "o", "schema": bad, "strict": True}})
+        chat(
+            oai,
+            tool_server,
+            response_format={"type": "json_schema", "json_schema": {"name": "o", "schema": bad, "strict": True}},
+        )
     assert e.value.body["param"] == "response_format"
     with pytest.raises(openai.BadRequestError) as e:
         chat(oai, tool_server, tools=OPENAI_TOOLS, tool_choice={"type": "function", "function": {"name": "other"}})
     assert e.value.body["param"] == "tool_choice" and "'other'" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
-        chat(oai, tool_server, messages=ASK + [{"role": "assistant", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{not json"}}]}])
+        chat(
+            oai,
+            tool_server,
+            messages=ASK
+            + [
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{not json"}}
+                    ],
+                }
+            ],
+        )
     assert e.value.body["param"] == "messages[1].tool_calls[0].function.arguments"
     assert tool_server.wait_idle()
 
@@ -193,9 +240,20 @@ def test_n_choices_share_the_prompt_and_count_in_usage(oai, tool_server):
     again = chat(oai, tool_server, n=3, max_tokens=6, temperature=1.0, seed=5)
     assert [c.message.content for c in sampled.choices] == [c.message.content for c in again.choices]
     assert len({c.message.content for c in sampled.choices}) > 1  # each choice samples on its own
-    chunks = list(chat(oai, tool_server, n=2, max_tokens=5, stream=True, stream_options={"include_usage": True},
-                       service_tier="priority"))
-    finished = {c.choices[0].index: c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason}
+    chunks = list(
+        chat(
+            oai,
+            tool_server,
+            n=2,
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+            service_tier="priority",
+        )
+    )
+    finished = {
+        c.choices[0].index: c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    }
     assert finished == {0: "length", 1: "length"} and chunks[-1].usage.completion_tokens == 10
 
 
@@ -215,8 +273,9 @@ def test_chat_logprobs(oai, tool_server):
 
 
 def test_completions_logprobs_and_n(oai, tool_server):
-    r = oai.completions.create(model=tool_server.model, prompt="def add(a, b):", max_tokens=5, temperature=0,
-                               logprobs=2, n=2)
+    r = oai.completions.create(
+        model=tool_server.model, prompt="def add(a, b):", max_tokens=5, temperature=0, logprobs=2, n=2
+    )
     assert len(r.choices) == 2 and r.usage.completion_tokens == 10
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
@@ -239,10 +298,17 @@ def test_logit_bias_and_penalties(oai, tool_server):
 
 # --- Anthropic Messages --------------------------------------------------------------------
 
+
 def test_anthropic_forced_call_fast_then_tool_result(ant, tool_server):
     raw = ant.messages.with_raw_response.create(
-        model=tool_server.model, max_tokens=CALL_TOKENS, messages=ASK, tools=ANTHROPIC_TOOLS, speed="fast",
-        tool_choice={"type": "any", "disable_parallel_tool_use": True}, extra_body={"temperature": 0})
+        model=tool_server.model,
+        max_tokens=CALL_TOKENS,
+        messages=ASK,
+        tools=ANTHROPIC_TOOLS,
+        speed="fast",
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        extra_body={"temperature": 0},
+    )
     m = raw.parse()
     assert raw.headers["request-id"] == raw.headers["x-request-id"] == m.id
     assert raw.headers["x-fastmode-tier"] == "fast" and m.usage.speed == "fast"
@@ -250,22 +316,37 @@ def test_anthropic_forced_call_fast_then_tool_result(ant, tool_server):
     [use] = [b for b in m.content if b.type == "tool_use"]
     assert use.id.startswith("toolu_")
     valid(use.name, use.input)
-    results = [{"type": "tool_result", "tool_use_id": use.id, "content": [{"type": "text", "text": "sunny"}]},
-               {"type": "text", "text": "And tomorrow?"}]
-    second = ant.messages.create(model=tool_server.model, max_tokens=6, tools=ANTHROPIC_TOOLS, speed="fast",
-                                 messages=ASK + [{"role": "assistant", "content": m.content},
-                                                 {"role": "user", "content": results}])
+    results = [
+        {"type": "tool_result", "tool_use_id": use.id, "content": [{"type": "text", "text": "sunny"}]},
+        {"type": "text", "text": "And tomorrow?"},
+    ]
+    second = ant.messages.create(
+        model=tool_server.model,
+        max_tokens=6,
+        tools=ANTHROPIC_TOOLS,
+        speed="fast",
+        messages=ASK + [{"role": "assistant", "content": m.content}, {"role": "user", "content": results}],
+    )
     assert second.stop_reason in ("end_turn", "max_tokens", "tool_use")
     errored = [{"type": "tool_result", "tool_use_id": use.id, "content": "no such city", "is_error": True}]
-    third = ant.messages.create(model=tool_server.model, max_tokens=6, tools=ANTHROPIC_TOOLS,
-                                messages=ASK + [{"role": "assistant", "content": m.content},
-                                                {"role": "user", "content": errored}])
+    third = ant.messages.create(
+        model=tool_server.model,
+        max_tokens=6,
+        tools=ANTHROPIC_TOOLS,
+        messages=ASK + [{"role": "assistant", "content": m.content}, {"role": "user", "content": errored}],
+    )
     assert third.usage.input_tokens + third.usage.cache_read_input_tokens > m.usage.input_tokens
 
 
 def test_anthropic_streamed_tool_use(ant, tool_server):
-    kw = {"model": tool_server.model, "max_tokens": CALL_TOKENS, "messages": ASK, "tools": ANTHROPIC_TOOLS,
-          "tool_choice": {"type": "tool", "name": "get_weather"}, "extra_body": {"temperature": 0}}
+    kw = {
+        "model": tool_server.model,
+        "max_tokens": CALL_TOKENS,
+        "messages": ASK,
+        "tools": ANTHROPIC_TOOLS,
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "extra_body": {"temperature": 0},
+    }
     plain = ant.messages.create(**kw)
     with ant.messages.stream(**kw, speed="fast") as stream:
         events = list(stream)
@@ -273,7 +354,9 @@ def test_anthropic_streamed_tool_use(ant, tool_server):
     starts = [e for e in events if e.type == "content_block_start"]
     assert [s.content_block.type for s in starts] == ["tool_use"] and starts[0].index == 0
     partial = [e.delta.partial_json for e in events if e.type == "content_block_delta"]
-    assert len(partial) > 2 and all(e.delta.type == "input_json_delta" for e in events if e.type == "content_block_delta")
+    assert len(partial) > 2 and all(
+        e.delta.type == "input_json_delta" for e in events if e.type == "content_block_delta"
+    )
     [use] = final.content
     assert use.type == "tool_use" and use.name == "get_weather" and final.stop_reason == "tool_use"
     assert json.loads("".join(partial)) == use.input == plain.content[0].input
@@ -281,8 +364,14 @@ def test_anthropic_streamed_tool_use(ant, tool_server):
 
 
 def test_anthropic_tool_choice_none_and_count_tokens(ant, tool_server):
-    m = ant.messages.create(model=tool_server.model, max_tokens=8, messages=ASK, tools=ANTHROPIC_TOOLS,
-                            tool_choice={"type": "none"}, extra_body={"temperature": 0})
+    m = ant.messages.create(
+        model=tool_server.model,
+        max_tokens=8,
+        messages=ASK,
+        tools=ANTHROPIC_TOOLS,
+        tool_choice={"type": "none"},
+        extra_body={"temperature": 0},
+    )
     assert [b.type for b in m.content] == ["text"] and m.stop_reason in ("end_turn", "max_tokens")
     with_tools = ant.messages.count_tokens(model=tool_server.model, messages=ASK, tools=ANTHROPIC_TOOLS)
     without = ant.messages.count_tokens(model=tool_server.model, messages=ASK)

@@ -8,8 +8,23 @@ from fastmode.cli import main
 
 
 def test_simulate_json(capsys):
-    assert main(["simulate", "--num-requests", "60", "--rate", "10", "--output-len", "uniform:8:32",
-                 "--prompt-len", "lognormal:200:0.5", "--json"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--num-requests",
+                "60",
+                "--rate",
+                "10",
+                "--output-len",
+                "uniform:8:32",
+                "--prompt-len",
+                "lognormal:200:0.5",
+                "--json",
+            ]
+        )
+        == 0
+    )
     rep = json.loads(capsys.readouterr().out)
     assert rep["aggregate"]["num_requests"] == 60
     assert rep["aggregate"]["kv_blocks_free_end"] == rep["aggregate"]["kv_blocks_total"]
@@ -19,8 +34,25 @@ def test_simulate_json(capsys):
 
 def test_simulate_saves_and_replays_a_workload(tmp_path, capsys):
     path = tmp_path / "w.jsonl"
-    args = ["simulate", "--model", "smollm2-135m", "--hardware", "local", "--num-requests", "30", "--rate", "2",
-            "--output-len", "16", "--prompt-len", "64", "--tier-mix", "fast=0.5,flex=0.5", "--kv-cache-gib", "0.5"]
+    args = [
+        "simulate",
+        "--model",
+        "smollm2-135m",
+        "--hardware",
+        "local",
+        "--num-requests",
+        "30",
+        "--rate",
+        "2",
+        "--output-len",
+        "16",
+        "--prompt-len",
+        "64",
+        "--tier-mix",
+        "fast=0.5,flex=0.5",
+        "--kv-cache-gib",
+        "0.5",
+    ]
     assert main(args + ["--save-workload", str(path), "--json"]) == 0
     first = json.loads(capsys.readouterr().out)
     assert len(path.read_text().splitlines()) == 30
@@ -38,7 +70,12 @@ def test_simulate_text_report(capsys):
 def test_simulate_step_jitter_flag(capsys):
     args = ["simulate", "--num-requests", "60", "--rate", "10", "--output-len", "uniform:8:32", "--json"]
     runs = []
-    for extra in ([], ["--step-jitter-cv", "0.3"], ["--step-jitter-cv", "0.3"], ["--step-jitter-cv", "0.3", "--seed", "1"]):
+    for extra in (
+        [],
+        ["--step-jitter-cv", "0.3"],
+        ["--step-jitter-cv", "0.3"],
+        ["--step-jitter-cv", "0.3", "--seed", "1"],
+    ):
         assert main(args + extra) == 0
         runs.append(json.loads(capsys.readouterr().out))
     assert runs[1]["setup"]["step_jitter_cv"] == 0.3 and runs[0]["setup"]["step_jitter_cv"] == 0.0

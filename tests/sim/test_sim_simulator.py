@@ -24,10 +24,14 @@ def h100_8b() -> CostModel:
     return CostModel(load_hardware("h100"), load_model("llama-3.1-8b"), tp=1)
 
 
-def workload(n=300, rate=20.0, seed=0, mix="fast=0.1,standard=0.8,flex=0.1", prompt="uniform:64:512",
-             output="uniform:16:128"):
-    return generate_workload(WorkloadConfig(n, ArrivalProcess("poisson", rate), LengthDist.parse(prompt),
-                                            LengthDist.parse(output), mix, seed))
+def workload(
+    n=300, rate=20.0, seed=0, mix="fast=0.1,standard=0.8,flex=0.1", prompt="uniform:64:512", output="uniform:16:128"
+):
+    return generate_workload(
+        WorkloadConfig(
+            n, ArrivalProcess("poisson", rate), LengthDist.parse(prompt), LengthDist.parse(output), mix, seed
+        )
+    )
 
 
 def sched_config(num_blocks=4000, lane=4, **kw) -> SchedulerConfig:
@@ -137,10 +141,11 @@ def test_shared_prefixes_hit_the_prefix_cache(h100_8b):
 
 
 def test_sim_modules_do_not_import_torch():
-    code = ("import sys; import fastmode.sim, fastmode.sim.command, fastmode.calibrate.fit, "
-            "fastmode.calibrate.pricing, fastmode.calibrate.calibration_file; assert 'torch' not in sys.modules")
+    code = (
+        "import sys; import fastmode.sim, fastmode.sim.command, fastmode.calibrate.fit, "
+        "fastmode.calibrate.pricing, fastmode.calibrate.calibration_file; assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
-
 
 
 def test_preempted_requests_recompute_from_their_own_cached_blocks(h100_8b):
@@ -164,11 +169,14 @@ def test_prefix_cache_is_skipped_only_while_it_cannot_matter(h100_8b, monkeypatc
         return real_run(*args, **kwargs)
 
     monkeypatch.setattr(simulator, "_run", spy)
-    shared = [RequestSpec(f"r{i}", i * 0.05, 300, 8, Tier.STANDARD, prefix_group=i % 3, prefix_tokens=200)
-              for i in range(60)]
-    cases = [(workload(300, rate=20.0), 4000, [True]),  # never preempts: one run, without the cache
-             (workload(200, rate=50.0), 100, [True, False]),  # preempts: starts over with the cache
-             (shared, 4000, [False])]  # shared prefixes: the cache is used from the start
+    shared = [
+        RequestSpec(f"r{i}", i * 0.05, 300, 8, Tier.STANDARD, prefix_group=i % 3, prefix_tokens=200) for i in range(60)
+    ]
+    cases = [
+        (workload(300, rate=20.0), 4000, [True]),  # never preempts: one run, without the cache
+        (workload(200, rate=50.0), 100, [True, False]),  # preempts: starts over with the cache
+        (shared, 4000, [False]),
+    ]  # shared prefixes: the cache is used from the start
     for reqs, num_blocks, expected_runs in cases:
         cfg = SimConfig(sched_config(num_blocks=num_blocks), record_steps=True)
         runs.clear()

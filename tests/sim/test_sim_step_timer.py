@@ -11,7 +11,6 @@ from fastmode.planner.catalog import load_hardware, load_model, model_names
 from fastmode.planner.cost_model import CostModel
 from fastmode.sim.step_timer import StepTimer
 
-
 CALIBRATED = {"overhead_s": 0.004, "per_token_s": 2e-4, "per_seq_s": 3e-3, "per_kv_token_s": 5e-6}
 
 

@@ -7,8 +7,7 @@ import pytest
 
 from fastmode.engine.tiers import Tier
 from fastmode.sim.distributions import ArrivalProcess, LengthDist
-from fastmode.sim.workload import (RequestSpec, WorkloadConfig, generate_workload, load_jsonl, parse_tier_mix,
-                                   save_jsonl)
+from fastmode.sim.workload import RequestSpec, WorkloadConfig, generate_workload, load_jsonl, parse_tier_mix, save_jsonl
 
 
 def test_length_parse_and_str_round_trip():
@@ -30,8 +29,14 @@ def test_length_samples_have_the_stated_shape():
     assert LengthDist.parse("lognormal:400:1.5:1000").sample(rng, 10_000).max() == 1000
 
 
-@pytest.mark.parametrize("proc", [ArrivalProcess("poisson", 5.0), ArrivalProcess("gamma", 5.0, cv=3.0),
-                                  ArrivalProcess("onoff", 5.0, on_s=2.0, off_s=6.0)])
+@pytest.mark.parametrize(
+    "proc",
+    [
+        ArrivalProcess("poisson", 5.0),
+        ArrivalProcess("gamma", 5.0, cv=3.0),
+        ArrivalProcess("onoff", 5.0, on_s=2.0, off_s=6.0),
+    ],
+)
 def test_arrival_processes_keep_the_mean_rate(proc):
     t = proc.sample(np.random.default_rng(1), 50_000)
     assert np.all(np.diff(t) >= 0) and t[0] > 0
@@ -57,16 +62,30 @@ def test_tier_mix_parses_and_normalises():
 
 
 def test_generation_is_seeded():
-    cfg = WorkloadConfig(500, ArrivalProcess("gamma", 3.0), LengthDist.parse("lognormal:200:1"),
-                         LengthDist.parse("uniform:5:50"), "fast=0.5,flex=0.5", seed=9)
+    cfg = WorkloadConfig(
+        500,
+        ArrivalProcess("gamma", 3.0),
+        LengthDist.parse("lognormal:200:1"),
+        LengthDist.parse("uniform:5:50"),
+        "fast=0.5,flex=0.5",
+        seed=9,
+    )
     assert generate_workload(cfg) == generate_workload(cfg)
     other = generate_workload(WorkloadConfig(500, cfg.arrival, cfg.prompt_len, cfg.output_len, cfg.tier_mix, seed=10))
     assert other != generate_workload(cfg)
 
 
 def test_jsonl_round_trip(tmp_path):
-    reqs = generate_workload(WorkloadConfig(300, ArrivalProcess("onoff", 4.0), LengthDist.parse("lognormal:100:0.5"),
-                                            LengthDist.parse("uniform:1:9"), "fast=0.2,standard=0.5,flex=0.3", seed=1))
+    reqs = generate_workload(
+        WorkloadConfig(
+            300,
+            ArrivalProcess("onoff", 4.0),
+            LengthDist.parse("lognormal:100:0.5"),
+            LengthDist.parse("uniform:1:9"),
+            "fast=0.2,standard=0.5,flex=0.3",
+            seed=1,
+        )
+    )
     reqs.append(RequestSpec("shared", reqs[-1].arrival_s + 1, 80, 4, Tier.FLEX, prefix_group=3, prefix_tokens=64))
     path = tmp_path / "w.jsonl"
     save_jsonl(reqs, path)
@@ -75,8 +94,10 @@ def test_jsonl_round_trip(tmp_path):
 
 def test_jsonl_errors_name_the_line(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"id": "a", "arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2}\n'
-                    '# a comment\n\n{"id": "b", "arrival_s": 1, "prompt_tokens": 5, "output_tokens": 2, "speed": 1}\n')
+    path.write_text(
+        '{"id": "a", "arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2}\n'
+        '# a comment\n\n{"id": "b", "arrival_s": 1, "prompt_tokens": 5, "output_tokens": 2, "speed": 1}\n'
+    )
     with pytest.raises(ValueError, match=r"bad.jsonl:4: unknown keys \['speed'\]"):
         load_jsonl(path)
     path.write_text('{"id": "a", "arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2}\n' * 2)

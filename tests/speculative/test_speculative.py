@@ -208,7 +208,10 @@ def test_stop_inside_accepted_drafts_is_honoured(llm):
     cut = ref.token_ids[7]
     want = ref.token_ids[: ref.token_ids.index(cut) + 1]
     for spec in ("off", "ngram"):
-        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop_token_ids=[cut], speculative=spec))[0]
+        out = llm.generate(
+            [prompt],
+            SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop_token_ids=[cut], speculative=spec),
+        )[0]
         assert out.token_ids == want
     short = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, speculative="ngram"))[0]
     assert short.token_ids == ref.token_ids[:5]
@@ -234,6 +237,7 @@ def test_rejection_sampling_preserves_the_target_distribution():
         if len(out) == 2:
             assert out[0] == d
             second_given_accept[out[1]] += 1
+
     # Chi-square goodness of fit at a generous threshold (df = vocab - 1 = 5; p=0.001 -> 20.5).
     def chi2(counts, probs):
         expected = probs * counts.sum()
@@ -251,11 +255,18 @@ def test_draft_model_speculation_is_lossless_and_syncs_its_cache(tiny_llama_dir)
     want = [o.token_ids for o in ref.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))]
     for draft, min_acceptance in [(str(tiny_llama_dir), 0.99), ("layers:1", 0.0)]:
         llm = LLM(
-            model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01, draft_model=draft,
-            speculative="draft", speculative_tiers="standard", speculative_max_batch=8,
+            model=str(tiny_llama_dir),
+            dtype="float32",
+            kv_cache_gib=0.01,
+            draft_model=draft,
+            speculative="draft",
+            speculative_tiers="standard",
+            speculative_max_batch=8,
             speculative_min_gain=0.0,  # draft every step, whatever it costs: the cache sync is under test
         )
-        got = [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))]
+        got = [
+            o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+        ]
         assert got == want
         rate = llm.engine.spec.stats.acceptance_rate("standard")
         assert rate is not None and rate >= min_acceptance

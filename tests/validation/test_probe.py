@@ -82,8 +82,9 @@ def test_replay_leaves_the_probe_out_of_the_load(tiny_llama_dir):
     from fastmode.engine.llm_engine import LLMEngine
     from fastmode.sim.workload import RequestSpec
 
-    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01, num_threads=1,
-                                    speculative="off"))
+    engine = LLMEngine(
+        EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01, num_threads=1, speculative="off")
+    )
     calls = []
 
     def probe():

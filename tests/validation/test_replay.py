@@ -10,10 +10,26 @@ def test_replay_finishes_every_request_and_frees_kv(tiny_llama_dir):
     from fastmode.sim.distributions import ArrivalProcess, LengthDist
     from fastmode.sim.workload import RequestSpec, WorkloadConfig, generate_workload
 
-    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01, max_num_seqs=8,
-                                    num_threads=1, speculative="off"))
-    reqs = generate_workload(WorkloadConfig(16, ArrivalProcess("poisson", 40.0), LengthDist.parse("uniform:8:40"),
-                                            LengthDist.parse("uniform:2:12"), "fast=0.3,standard=0.5,flex=0.2", 1))
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(tiny_llama_dir),
+            dtype="float32",
+            kv_cache_gib=0.01,
+            max_num_seqs=8,
+            num_threads=1,
+            speculative="off",
+        )
+    )
+    reqs = generate_workload(
+        WorkloadConfig(
+            16,
+            ArrivalProcess("poisson", 40.0),
+            LengthDist.parse("uniform:8:40"),
+            LengthDist.parse("uniform:2:12"),
+            "fast=0.3,standard=0.5,flex=0.2",
+            1,
+        )
+    )
     reqs.append(RequestSpec("late", reqs[-1].arrival_s + 0.2, 20, 3))  # forces an idle wait
     result = replay(engine, reqs)
     assert sorted(result.request_ids) == sorted(r.request_id for r in reqs)
@@ -31,8 +47,9 @@ def test_cpu_clock_skips_idle_time(tiny_llama_dir):
     from fastmode.engine.llm_engine import LLMEngine
     from fastmode.sim.workload import RequestSpec
 
-    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01, num_threads=1,
-                                    speculative="off"))
+    engine = LLMEngine(
+        EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01, num_threads=1, speculative="off")
+    )
     reqs = [RequestSpec("a", 0.0, 10, 3), RequestSpec("b", 500.0, 10, 3)]  # 500 s apart: skipped, not slept
     result = replay(engine, reqs, clock="cpu")
     assert sorted(result.request_ids) == ["a", "b"]

@@ -159,12 +159,23 @@ class RequestRecord:
             return None if x is None or math.isnan(x) else round(x, nd)
 
         return {
-            "index": self.index, "tier": self.tier, "served_tier": self.served_tier, "ok": self.ok,
-            "status": self.status, "error_kind": self.error_kind, "error": self.error,
-            "start_s": r(self.start_s - t0), "scheduled_s": r(self.scheduled_s - t0 if self.scheduled_s is not None else None),
-            "ttft_s": r(self.ttft_s), "tpot_s": r(self.tpot_s), "e2e_s": r(self.e2e_s),
-            "output_tokens": self.output_tokens, "usage_tokens": self.usage_tokens,
-            "prompt_tokens": self.prompt_tokens, "max_tokens": self.max_tokens, "finish_reason": self.finish_reason,
+            "index": self.index,
+            "tier": self.tier,
+            "served_tier": self.served_tier,
+            "ok": self.ok,
+            "status": self.status,
+            "error_kind": self.error_kind,
+            "error": self.error,
+            "start_s": r(self.start_s - t0),
+            "scheduled_s": r(self.scheduled_s - t0 if self.scheduled_s is not None else None),
+            "ttft_s": r(self.ttft_s),
+            "tpot_s": r(self.tpot_s),
+            "e2e_s": r(self.e2e_s),
+            "output_tokens": self.output_tokens,
+            "usage_tokens": self.usage_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "max_tokens": self.max_tokens,
+            "finish_reason": self.finish_reason,
             "num_chunks": len(self.chunk_s),
         }
 
@@ -201,7 +212,7 @@ class BenchClient:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(cfg.timeout_s), limits=limits, headers=cfg.headers())
 
-    async def __aenter__(self) -> "BenchClient":
+    async def __aenter__(self) -> BenchClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

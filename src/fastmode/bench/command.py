@@ -43,35 +43,61 @@ class BenchOptions:
     base_url: str = "http://127.0.0.1:8000"  # server root (a trailing /v1 is accepted)
     model: str | None = None  # model to ask for (none: the first id GET /v1/models lists)
     api_key: str | None = None  # sent as Authorization: Bearer (none: FASTMODE_API_KEY, else none)
-    endpoint: str = field(default="chat", metadata={"choices": ("chat", "completions")})  # /v1/chat/completions or /v1/completions
+    endpoint: str = field(
+        default="chat", metadata={"choices": ("chat", "completions")}
+    )  # /v1/chat/completions or /v1/completions
     tier_field: bool = True  # send service_tier (--no-tier-field: peers that refuse unknown fields; tiers stay labels)
     usage: bool = True  # send stream_options.include_usage (--no-usage: output tokens are then counted as chunks)
     ignore_eos: bool = False  # send ignore_eos: true so every answer runs to max_tokens
     temperature: float = 0.0  # sampling temperature (0: greedy)
-    extra_body: dict[str, Any] = field(default_factory=dict, metadata={"parse": _json_object, "metavar": "JSON"})  # fields merged into every request body, e.g. '{"cache_prompt": false}'
+    extra_body: dict[str, Any] = field(
+        default_factory=dict, metadata={"parse": _json_object, "metavar": "JSON"}
+    )  # fields merged into every request body, e.g. '{"cache_prompt": false}'
     timeout_s: float = 600.0  # limit on one whole request
-    concurrency: str | None = field(default=None, metadata={"exclusive": "load"})  # closed loop: comma-separated worker counts, e.g. 1,4,16 (none: 1)
-    rate: str | None = field(default=None, metadata={"exclusive": "load"})  # open loop: comma-separated Poisson arrival rates in requests/s, e.g. 0.5,1,2
-    num_requests: int | None = None  # measured requests per level (none: DEFAULT_NUM_REQUESTS = 100 unless --duration-s is given)
+    concurrency: str | None = field(
+        default=None, metadata={"exclusive": "load"}
+    )  # closed loop: comma-separated worker counts, e.g. 1,4,16 (none: 1)
+    rate: str | None = field(
+        default=None, metadata={"exclusive": "load"}
+    )  # open loop: comma-separated Poisson arrival rates in requests/s, e.g. 0.5,1,2
+    num_requests: int | None = (
+        None  # measured requests per level (none: DEFAULT_NUM_REQUESTS = 100 unless --duration-s is given)
+    )
     duration_s: float | None = None  # stop starting requests after this long (per level)
     warmup_requests: int = 0  # unmeasured requests sent before each level
     seed: int = 0  # seeds prompts, lengths, tier order and arrivals
-    prompts: str = "project"  # 'project' (the packaged prompt set), 'synthetic' (--input-len words), or a file, one prompt a line
+    prompts: str = (
+        "project"  # 'project' (the packaged prompt set), 'synthetic' (--input-len words), or a file, one prompt a line
+    )
     input_len: str = "128"  # synthetic prompt length in (approximate) tokens
-    output_len: str = field(default="128", metadata={"exclusive": "output"})  # max_tokens per request (a length distribution)
+    output_len: str = field(
+        default="128", metadata={"exclusive": "output"}
+    )  # max_tokens per request (a length distribution)
     max_tokens: int | None = field(default=None, metadata={"exclusive": "output"})  # same as --output-len N
     tier_mix: str = "standard=1"  # e.g. fast=0.2,standard=0.8 (exact counts per block)
     slo_ttft_s: str | None = None  # time to first token limit
     slo_tpot_s: str | None = None  # time per output token limit
     slo_e2e_s: str | None = None  # end-to-end latency limit
-    json_out: str | None = field(default=None, metadata={"aliases": ("json",), "metavar": "OUT.json"})  # write the results here ('-': stdout, no table)
+    json_out: str | None = field(
+        default=None, metadata={"aliases": ("json",), "metavar": "OUT.json"}
+    )  # write the results here ('-': stdout, no table)
     plots: str | None = field(default=None, metadata={"metavar": "DIR"})  # write PNG plots here
     progress: bool = True  # show a progress bar (on a terminal)
 
 
 _GROUPS = {
-    "endpoint": ("base_url", "model", "api_key", "endpoint", "tier_field", "usage", "ignore_eos", "temperature",
-                 "extra_body", "timeout_s"),
+    "endpoint": (
+        "base_url",
+        "model",
+        "api_key",
+        "endpoint",
+        "tier_field",
+        "usage",
+        "ignore_eos",
+        "temperature",
+        "extra_body",
+        "timeout_s",
+    ),
     "load (one run per level)": ("concurrency", "rate", "num_requests", "duration_s", "warmup_requests", "seed"),
     "workload": ("prompts", "input_len", "output_len", "max_tokens", "tier_mix"),
     "SLOs for goodput (SECONDS for every tier, or TIER=SECONDS,...)": ("slo_ttft_s", "slo_tpot_s", "slo_e2e_s"),
@@ -80,8 +106,12 @@ _GROUPS = {
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("bench", help="load-test an OpenAI-compatible endpoint; latency and goodput per tier",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "bench",
+        help="load-test an OpenAI-compatible endpoint; latency and goodput per tier",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     for title, names in _GROUPS.items():
         add_dataclass_args(p, BenchOptions, only=names, title=title)
     p.set_defaults(func=run)
@@ -111,8 +141,14 @@ def build_specs(args: argparse.Namespace):
         mode, levels = "closed", _levels(args.concurrency or "1", int)
     specs = [LoadSpec(mode, lv, num, args.duration_s, args.warmup_requests, args.seed) for lv in levels]
     output_len = str(args.max_tokens) if args.max_tokens is not None else args.output_len
-    workload = WorkloadConfig(prompts=args.prompts, input_len=args.input_len, output_len=output_len,
-                              tier_mix=args.tier_mix, seed=args.seed, block_size=num or DURATION_BLOCK)
+    workload = WorkloadConfig(
+        prompts=args.prompts,
+        input_len=args.input_len,
+        output_len=output_len,
+        tier_mix=args.tier_mix,
+        seed=args.seed,
+        block_size=num or DURATION_BLOCK,
+    )
     load_prompt_set(workload.prompts)  # a missing or empty prompt file fails here, before any request
     return workload, specs
 
@@ -128,9 +164,18 @@ async def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], list]:
     slo = SLO.parse(args.slo_ttft_s, args.slo_tpot_s, args.slo_e2e_s)
     api_key = api_key_from_env(args.api_key)
     model = args.model or await first_model_id(args.base_url, api_key, min(args.timeout_s, 30.0))
-    cfg = EndpointConfig(args.base_url, model, args.endpoint, api_key, tier_field=args.tier_field,
-                         ignore_eos=args.ignore_eos, temperature=args.temperature, include_usage=args.usage,
-                         extra_body=args.extra_body, timeout_s=args.timeout_s)
+    cfg = EndpointConfig(
+        args.base_url,
+        model,
+        args.endpoint,
+        api_key,
+        tier_field=args.tier_field,
+        ignore_eos=args.ignore_eos,
+        temperature=args.temperature,
+        include_usage=args.usage,
+        extra_body=args.extra_body,
+        timeout_s=args.timeout_s,
+    )
     progress = args.progress and sys.stderr.isatty()
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     runs, levels = [], []
@@ -142,15 +187,28 @@ async def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], list]:
             runs.append(run_)
             levels.append(finite(level))
     setup = {
-        "base_url": cfg.base_url, "url": cfg.url, "model": model, "endpoint": cfg.endpoint,
+        "base_url": cfg.base_url,
+        "url": cfg.url,
+        "model": model,
+        "endpoint": cfg.endpoint,
         "service_tier_field": {t.value: v for t, v in TIER_FIELD.items()} if cfg.tier_field else None,
-        "ignore_eos": cfg.ignore_eos, "temperature": cfg.temperature, "include_usage": cfg.include_usage,
-        "extra_body": cfg.extra_body, "timeout_s": cfg.timeout_s,
-        "mode": specs[0].mode, "levels": [s.level for s in specs], "num_requests": specs[0].num_requests,
-        "duration_s": specs[0].duration_s, "warmup_requests": specs[0].warmup_requests, "seed": workload.seed,
-        "prompts": workload.prompts, "input_len": str(workload.input_len) if workload.prompts == "synthetic" else None,
-        "output_len": str(workload.output_len), "tier_mix": {t.value: s for t, s in workload.tier_mix},
-        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "e2e_s": slo.e2e_s}, "started_at": started,
+        "ignore_eos": cfg.ignore_eos,
+        "temperature": cfg.temperature,
+        "include_usage": cfg.include_usage,
+        "extra_body": cfg.extra_body,
+        "timeout_s": cfg.timeout_s,
+        "mode": specs[0].mode,
+        "levels": [s.level for s in specs],
+        "num_requests": specs[0].num_requests,
+        "duration_s": specs[0].duration_s,
+        "warmup_requests": specs[0].warmup_requests,
+        "seed": workload.seed,
+        "prompts": workload.prompts,
+        "input_len": str(workload.input_len) if workload.prompts == "synthetic" else None,
+        "output_len": str(workload.output_len),
+        "tier_mix": {t.value: s for t, s in workload.tier_mix},
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "e2e_s": slo.e2e_s},
+        "started_at": started,
     }
     return {"setup": setup, "levels": levels}, runs
 
@@ -163,8 +221,23 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-COLUMNS = ("tier", "reqs", "ok", "err", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50 ms", "TPOT p99 ms",
-           "ITL p99 ms", "e2e p50", "e2e p99", "tok/s p50", "out tok/s", "goodput")
+COLUMNS = (
+    "tier",
+    "reqs",
+    "ok",
+    "err",
+    "TTFT p50",
+    "TTFT p90",
+    "TTFT p99",
+    "TPOT p50 ms",
+    "TPOT p99 ms",
+    "ITL p99 ms",
+    "e2e p50",
+    "e2e p99",
+    "tok/s p50",
+    "out tok/s",
+    "goodput",
+)
 
 
 def table_rows(level: dict[str, Any]) -> list[list[str]]:
@@ -173,20 +246,40 @@ def table_rows(level: dict[str, Any]) -> list[list[str]]:
     for name, t in [*level["tiers"].items(), ("all", level["aggregate"])]:
         tok = t["tok_s_per_request"]["p50"]
         share = t["goodput"]["share"]
-        rows.append([name, str(t["num_requests"]), str(t["completed"]), str(t["failed"]),
-                     _s(t["ttft_s"]["p50"]), _s(t["ttft_s"]["p90"]), _s(t["ttft_s"]["p99"]),
-                     _ms(t["tpot_s"]["p50"]), _ms(t["tpot_s"]["p99"]), _ms(t["itl_s"]["p99"]),
-                     _s(t["e2e_s"]["p50"]), _s(t["e2e_s"]["p99"]), "-" if tok is None else f"{tok:.1f}",
-                     f"{t['output_tok_s']:.1f}", "-" if share is None else f"{share:.0%}"])
+        rows.append(
+            [
+                name,
+                str(t["num_requests"]),
+                str(t["completed"]),
+                str(t["failed"]),
+                _s(t["ttft_s"]["p50"]),
+                _s(t["ttft_s"]["p90"]),
+                _s(t["ttft_s"]["p99"]),
+                _ms(t["tpot_s"]["p50"]),
+                _ms(t["tpot_s"]["p99"]),
+                _ms(t["itl_s"]["p99"]),
+                _s(t["e2e_s"]["p50"]),
+                _s(t["e2e_s"]["p99"]),
+                "-" if tok is None else f"{tok:.1f}",
+                f"{t['output_tok_s']:.1f}",
+                "-" if share is None else f"{share:.0%}",
+            ]
+        )
     return rows
 
 
 def level_title(level: dict[str, Any]) -> str:
-    what = f"concurrency {level['concurrency']}" if level["mode"] == "closed" else f"{level['rate_req_s']:g} req/s (Poisson)"
+    what = (
+        f"concurrency {level['concurrency']}"
+        if level["mode"] == "closed"
+        else f"{level['rate_req_s']:g} req/s (Poisson)"
+    )
     a = level["aggregate"]
-    return (f"{what}: {a['completed']}/{a['num_requests']} completed in {level['window_s']:.1f} s, "
-            f"{a['output_tok_s']:.1f} output tok/s, {a['request_s']:.2f} req/s, "
-            f"goodput {a['goodput']['request_s']:.2f} req/s")
+    return (
+        f"{what}: {a['completed']}/{a['num_requests']} completed in {level['window_s']:.1f} s, "
+        f"{a['output_tok_s']:.1f} output tok/s, {a['request_s']:.2f} req/s, "
+        f"goodput {a['goodput']['request_s']:.2f} req/s"
+    )
 
 
 def format_level(level: dict[str, Any]) -> str:

@@ -52,7 +52,9 @@ class LoadSpec:
             raise ValueError("concurrency must be a positive integer, rate a positive number")
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("give num_requests, duration_s or both")
-        if (self.num_requests is not None and self.num_requests < 1) or (self.duration_s is not None and self.duration_s <= 0):
+        if (self.num_requests is not None and self.num_requests < 1) or (
+            self.duration_s is not None and self.duration_s <= 0
+        ):
             raise ValueError("num_requests must be >= 1 and duration_s > 0")
         if self.warmup_requests < 0:
             raise ValueError("warmup_requests must be >= 0")
@@ -86,9 +88,14 @@ def _stop(num_requests: int | None, issued: int, deadline: float) -> bool:
     return (num_requests is not None and issued >= num_requests) or time.perf_counter() >= deadline
 
 
-async def closed_loop(client: BenchClient, requests: Iterator[BenchRequest], concurrency: int,
-                      num_requests: int | None, duration_s: float | None,
-                      on_done: Callable[[RequestRecord], None] = lambda r: None) -> list[RequestRecord]:
+async def closed_loop(
+    client: BenchClient,
+    requests: Iterator[BenchRequest],
+    concurrency: int,
+    num_requests: int | None,
+    duration_s: float | None,
+    on_done: Callable[[RequestRecord], None] = lambda r: None,
+) -> list[RequestRecord]:
     """`concurrency` workers sending back to back; records in completion order."""
     records: list[RequestRecord] = []
     deadline = time.perf_counter() + duration_s if duration_s is not None else math.inf
@@ -115,9 +122,15 @@ def poisson_arrivals(rate_per_s: float, seed: int) -> Iterator[float]:
         yield t
 
 
-async def open_loop(client: BenchClient, requests: Iterator[BenchRequest], rate_per_s: float,
-                    num_requests: int | None, duration_s: float | None, seed: int = 0,
-                    on_done: Callable[[RequestRecord], None] = lambda r: None) -> list[RequestRecord]:
+async def open_loop(
+    client: BenchClient,
+    requests: Iterator[BenchRequest],
+    rate_per_s: float,
+    num_requests: int | None,
+    duration_s: float | None,
+    seed: int = 0,
+    on_done: Callable[[RequestRecord], None] = lambda r: None,
+) -> list[RequestRecord]:
     """Send at Poisson arrival times, never waiting for answers; records in completion order."""
     records: list[RequestRecord] = []
     t0 = time.perf_counter()
@@ -147,8 +160,9 @@ async def run_level(client: BenchClient, workload: WorkloadConfig, spec: LoadSpe
     warmup: list[RequestRecord] = []
     if spec.warmup_requests:
         warm = Workload(workload, stream=1)
-        warmup = await closed_loop(client, iter(warm.take(spec.warmup_requests)), spec.warmup_concurrency,
-                                   spec.warmup_requests, None)
+        warmup = await closed_loop(
+            client, iter(warm.take(spec.warmup_requests)), spec.warmup_concurrency, spec.warmup_requests, None
+        )
     requests = iter(Workload(workload, stream=0))
     unit = f"concurrency {int(spec.level)}" if spec.mode == "closed" else f"{spec.level:g} req/s"
     with tqdm(total=spec.num_requests, desc=f"bench {unit}", unit="req", disable=not progress, leave=False) as bar:
@@ -165,6 +179,8 @@ async def run_level(client: BenchClient, workload: WorkloadConfig, spec: LoadSpe
         if spec.mode == "closed":
             records = await closed_loop(client, requests, int(spec.level), spec.num_requests, spec.duration_s, on_done)
         else:
-            records = await open_loop(client, requests, spec.level, spec.num_requests, spec.duration_s, spec.seed, on_done)
+            records = await open_loop(
+                client, requests, spec.level, spec.num_requests, spec.duration_s, spec.seed, on_done
+            )
     t_end = max((r.end_s for r in records), default=t0)
     return LevelRun(spec, records, t0, t_end, warmup)

@@ -10,8 +10,9 @@ backend, no display needed), as in the planner's plots.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,18 +48,31 @@ def plot_latency_vs_throughput(levels: Sequence[dict[str, Any]], path: str | Pat
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120)
     xs = [lv["aggregate"]["output_tok_s"] for lv in levels]
-    tiers = sorted({t for lv in levels for t in lv["tiers"]}, key=lambda t: list(TIER_COLORS).index(t) if t in TIER_COLORS else 99)
+    tiers = sorted(
+        {t for lv in levels for t in lv["tiers"]}, key=lambda t: list(TIER_COLORS).index(t) if t in TIER_COLORS else 99
+    )
     for ax, metric, name in ((axes[0], "ttft_s", "TTFT"), (axes[1], "tpot_s", "TPOT")):
         for tier in tiers:
             color = TIER_COLORS.get(tier)
             for q, style in (("p50", "o-"), ("p99", "s--")):
-                pts = [(x, lv["tiers"][tier][metric][q]) for x, lv in zip(xs, levels)
-                       if tier in lv["tiers"] and lv["tiers"][tier][metric][q] is not None]
+                pts = [
+                    (x, lv["tiers"][tier][metric][q])
+                    for x, lv in zip(xs, levels)
+                    if tier in lv["tiers"] and lv["tiers"][tier][metric][q] is not None
+                ]
                 if pts:
                     ax.plot(*zip(*pts), style, color=color, label=f"{tier} {q}", alpha=1.0 if q == "p50" else 0.6)
         for x, lv in zip(xs, levels):
-            ax.annotate(lv["label"], (x, 0), xycoords=("data", "axes fraction"), xytext=(0, 3),
-                        textcoords="offset points", ha="center", fontsize=7, color="gray")
+            ax.annotate(
+                lv["label"],
+                (x, 0),
+                xycoords=("data", "axes fraction"),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+                color="gray",
+            )
         ax.set_xlabel("aggregate output tok/s")
         ax.set_ylabel(f"{name} (s)")
         ax.set_yscale("log")
@@ -80,8 +94,13 @@ def plot_cdfs(run: LevelRun, path: str | Path, title: str = "") -> Path:
         for tier in sorted(by_tier, key=lambda t: list(TIER_COLORS).index(t) if t in TIER_COLORS else 99):
             x = np.sort([v for v in map(get, by_tier[tier]) if v is not None])
             if x.size:  # from (first, 0): the curve rises at each value
-                ax.step(np.r_[x[0], x], np.r_[0.0, np.arange(1, x.size + 1) / x.size], where="post",
-                        color=TIER_COLORS.get(tier), label=f"{tier} (n={x.size})")
+                ax.step(
+                    np.r_[x[0], x],
+                    np.r_[0.0, np.arange(1, x.size + 1) / x.size],
+                    where="post",
+                    color=TIER_COLORS.get(tier),
+                    label=f"{tier} (n={x.size})",
+                )
         ax.set_xlabel(f"{name} (s)")
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.02)
@@ -92,12 +111,19 @@ def plot_cdfs(run: LevelRun, path: str | Path, title: str = "") -> Path:
     return _save(fig, path)
 
 
-def write_plots(runs: Sequence[LevelRun], levels: Sequence[dict[str, Any]], out_dir: str | Path, title: str = "") -> list[Path]:
+def write_plots(
+    runs: Sequence[LevelRun], levels: Sequence[dict[str, Any]], out_dir: str | Path, title: str = ""
+) -> list[Path]:
     """cdf_<label>.png for every level, latency_vs_throughput.png when there are two or more."""
     out = Path(out_dir)
-    paths = [plot_cdfs(run, out / f"cdf_{run.spec.label}.png", f"{title} per-tier CDFs at {run.spec.label}".strip())
-             for run in runs]
+    paths = [
+        plot_cdfs(run, out / f"cdf_{run.spec.label}.png", f"{title} per-tier CDFs at {run.spec.label}".strip())
+        for run in runs
+    ]
     if len(levels) >= 2:
-        paths.append(plot_latency_vs_throughput(levels, out / "latency_vs_throughput.png",
-                                                f"{title} latency against throughput".strip()))
+        paths.append(
+            plot_latency_vs_throughput(
+                levels, out / "latency_vs_throughput.png", f"{title} latency against throughput".strip()
+            )
+        )
     return paths

@@ -78,7 +78,7 @@ class SLO:
     e2e_s: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, ttft: str | None = None, tpot: str | None = None, e2e: str | None = None) -> "SLO":
+    def parse(cls, ttft: str | None = None, tpot: str | None = None, e2e: str | None = None) -> SLO:
         return cls(parse_slo_value(ttft), parse_slo_value(tpot), parse_slo_value(e2e))
 
     def limits(self, tier: str) -> dict[str, float]:
@@ -99,7 +99,11 @@ class SLO:
         """
         if not rec.ok:
             return False
-        measured = {"ttft_s": rec.ttft_s if rec.ttft_s is not None else rec.e2e_s, "tpot_s": rec.tpot_s, "e2e_s": rec.e2e_s}
+        measured = {
+            "ttft_s": rec.ttft_s if rec.ttft_s is not None else rec.e2e_s,
+            "tpot_s": rec.tpot_s,
+            "e2e_s": rec.e2e_s,
+        }
         return all(measured[m] is None or measured[m] <= limit for m, limit in self.limits(rec.tier).items())
 
 
@@ -159,7 +163,8 @@ def summarize_level(run: LevelRun, slo: SLO) -> dict[str, Any]:
         "tiers": {t: summarize_records(by_tier[t], run.window_s, slo, t) for t in sorted(by_tier, key=_tier_order)},
         "aggregate": summarize_records(run.records, run.window_s, slo, ALL),
         "schedule_lag_s": distribution(r.start_s - r.scheduled_s for r in run.records if r.scheduled_s is not None)
-        if spec.mode == "open" else None,
+        if spec.mode == "open"
+        else None,
     }
 
 

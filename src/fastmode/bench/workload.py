@@ -41,7 +41,9 @@ PROMPT_SETS = ("project", "synthetic")
 DURATION_BLOCK = 100  # tier mix is exact within every this many requests when the run is bounded by time
 
 # Common short English words (one BPE token each in Llama 3, Qwen 2 and SmolLM tokenizers, with the leading space).
-WORDS = tuple(dict.fromkeys("""
+WORDS = tuple(
+    dict.fromkeys(
+        """
 the of and to in is that it for was on are as with his they at be this from have or by one had not but what
 all were when we there can an your which their said if do will each about how up out them then she many some
 so these would other into has more her two like him see time could no make than first been its who now people
@@ -55,7 +57,9 @@ important until form food keep children feet land side without boy once animals 
 four head above kind began almost live page got earth need far hand high year mother light parts country father
 let night following picture being study second eyes soon times story boys since white days ever paper hard near
 sentence better best across during today others however sure means knew together family open river city tree
-""".split()))
+""".split()
+    )
+)
 
 
 @dataclass(frozen=True)

@@ -20,25 +20,44 @@ from fastmode.planner.hardware import Calibration
 DEFAULT_PATH = Path("~/.cache/fastmode/calibration-local.json")
 
 
-def calibration_dict(fit: FitResult, points: list[StepPoint], hardware: str, model: str, weight_format: str,
-                     fitted_from: str, usd_per_hour: float | None = None, notes: str = "") -> dict[str, Any]:
+def calibration_dict(
+    fit: FitResult,
+    points: list[StepPoint],
+    hardware: str,
+    model: str,
+    weight_format: str,
+    fitted_from: str,
+    usd_per_hour: float | None = None,
+    notes: str = "",
+) -> dict[str, Any]:
     d: dict[str, Any] = {"hardware": hardware, **fit.calibration_fields()}
     if usd_per_hour is not None:
         d["usd_per_hour"] = usd_per_hour
-    d.update({
-        "fitted_from": fitted_from,
-        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "model": model,
-        "weight_format": weight_format,
-        "notes": notes or (f"least-squares fit over {len(points) - len(fit.excluded)} of {len(points)} points "
-                           f"({len(fit.excluded)} outliers left out): max |error| {fit.max_abs_rel_error:.1%}, "
-                           f"rms {fit.rms_rel_error:.1%} (outliers included)"
-                           + (f"; steps of at most {fit.small_step_max_tokens} tokens (the engine's small-row "
-                              f"kernel) fitted apart, figures in small_step" if fit.small else "")
-                           + (f"; larger steps priced in tiles of {fit.token_tile} tokens" if fit.token_tile else "")),
-        "points": [dict(p.to_json(), fit_rel_error=round(e, 5), **({"excluded": True} if i in fit.excluded else {}))
-                   for i, (p, e) in enumerate(zip(points, fit.rel_errors))],
-    })
+    d.update(
+        {
+            "fitted_from": fitted_from,
+            "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "model": model,
+            "weight_format": weight_format,
+            "notes": notes
+            or (
+                f"least-squares fit over {len(points) - len(fit.excluded)} of {len(points)} points "
+                f"({len(fit.excluded)} outliers left out): max |error| {fit.max_abs_rel_error:.1%}, "
+                f"rms {fit.rms_rel_error:.1%} (outliers included)"
+                + (
+                    f"; steps of at most {fit.small_step_max_tokens} tokens (the engine's small-row "
+                    f"kernel) fitted apart, figures in small_step"
+                    if fit.small
+                    else ""
+                )
+                + (f"; larger steps priced in tiles of {fit.token_tile} tokens" if fit.token_tile else "")
+            ),
+            "points": [
+                dict(p.to_json(), fit_rel_error=round(e, 5), **({"excluded": True} if i in fit.excluded else {}))
+                for i, (p, e) in enumerate(zip(points, fit.rel_errors))
+            ],
+        }
+    )
     # The planner's own validation (unknown keys, values out of range) fails here rather than at load time.
     load_hardware(hardware, calibration=Calibration.from_dict(d))
     return d
@@ -54,5 +73,7 @@ def write_calibration(d: dict[str, Any], path: str | Path = DEFAULT_PATH) -> Pat
 def load_points(path: str | Path) -> list[StepPoint]:
     """The measured points stored in a calibration file (for re-fitting or validation)."""
     d = json.loads(Path(path).expanduser().read_text())
-    return [StepPoint.from_json({k: v for k, v in p.items() if k not in ("fit_rel_error", "excluded")})
-            for p in d.get("points", [])]
+    return [
+        StepPoint.from_json({k: v for k, v in p.items() if k not in ("fit_rel_error", "excluded")})
+        for p in d.get("points", [])
+    ]

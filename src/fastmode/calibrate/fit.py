@@ -68,7 +68,7 @@ class FitResult:
     # With a kernel-regime split: the fit of steps up to `small_step_max_tokens` tokens (its own
     # rel_errors and excluded index its own points); this result's figures price the larger steps,
     # and its rel_errors and excluded cover every point.
-    small: "FitResult | None" = None
+    small: FitResult | None = None
     small_step_max_tokens: int = 0
     token_tile: int = 0  # the larger steps' row tile (Hardware.token_tile) the fit priced them with
 
@@ -82,19 +82,30 @@ class FitResult:
 
     def _regime_fields(self) -> dict[str, float]:
         """This fit's figures as Hardware fields (SI)."""
-        return {"mem_bw_bytes_per_s": self.mem_bw_GBps * 1e9, "eta_m": 1.0, "eta_c": self.eta_c,
-                **{k: getattr(self, k) for k in LINEAR_TERMS}}
+        return {
+            "mem_bw_bytes_per_s": self.mem_bw_GBps * 1e9,
+            "eta_m": 1.0,
+            "eta_c": self.eta_c,
+            **{k: getattr(self, k) for k in LINEAR_TERMS},
+        }
 
     def apply(self, hw: Hardware) -> Hardware:
         """`hw` with the fitted figures (what a calibration file does to a catalog entry)."""
-        split = ({"small_step_max_tokens": self.small_step_max_tokens, "small_step": self.small._regime_fields()}
-                 if self.small else {"small_step_max_tokens": 0, "small_step": {}})
+        split = (
+            {"small_step_max_tokens": self.small_step_max_tokens, "small_step": self.small._regime_fields()}
+            if self.small
+            else {"small_step_max_tokens": 0, "small_step": {}}
+        )
         return dataclasses.replace(hw, layer_floor_s=0.0, token_tile=self.token_tile, **self._regime_fields(), **split)
 
     def calibration_fields(self) -> dict:
         """The calibration-file keys (docs/planner.md) this fit sets."""
-        own = {"mem_bw_GBps": round(self.mem_bw_GBps, 4), "eta_m": 1.0, "eta_c": round(self.eta_c, 6),
-               **{k: float(f"{getattr(self, k):.6g}") for k in LINEAR_TERMS}}
+        own = {
+            "mem_bw_GBps": round(self.mem_bw_GBps, 4),
+            "eta_m": 1.0,
+            "eta_c": round(self.eta_c, 6),
+            **{k: float(f"{getattr(self, k):.6g}") for k in LINEAR_TERMS},
+        }
         if self.token_tile:
             own["token_tile"] = self.token_tile
         if not self.small:
@@ -153,10 +164,19 @@ def split_sizes(points: list[StepPoint], split_tokens: int) -> tuple[int, int]:
     return small, len(points) - small
 
 
-def fit_step_times(points: list[StepPoint], hw: Hardware, model: ModelSpec, weight_format: str | None = None,
-                   dtype_bytes: float | None = None, kv_dtype_bytes: float = 2.0, rounds: int = 4,
-                   outlier_error: float = 0.25, max_outlier_share: float = 0.1, split_tokens: int = 0,
-                   token_tile: int = 0) -> FitResult:
+def fit_step_times(
+    points: list[StepPoint],
+    hw: Hardware,
+    model: ModelSpec,
+    weight_format: str | None = None,
+    dtype_bytes: float | None = None,
+    kv_dtype_bytes: float = 2.0,
+    rounds: int = 4,
+    outlier_error: float = 0.25,
+    max_outlier_share: float = 0.1,
+    split_tokens: int = 0,
+    token_tile: int = 0,
+) -> FitResult:
     """Least-squares fit of BW_eff, eta_c and the four linear terms for `model` on `hw` (tp = 1).
 
     `split_tokens` > 0 fits the points of at most that many tokens and the others separately
@@ -169,13 +189,21 @@ def fit_step_times(points: list[StepPoint], hw: Hardware, model: ModelSpec, weig
     temporaries pass some size) would otherwise bend every other prediction towards it. The
     left-out points keep their errors in `rel_errors`, so a report still shows them.
     """
-    kw = dict(weight_format=weight_format, dtype_bytes=dtype_bytes, kv_dtype_bytes=kv_dtype_bytes, rounds=rounds,
-              outlier_error=outlier_error, max_outlier_share=max_outlier_share)
+    kw = dict(
+        weight_format=weight_format,
+        dtype_bytes=dtype_bytes,
+        kv_dtype_bytes=kv_dtype_bytes,
+        rounds=rounds,
+        outlier_error=outlier_error,
+        max_outlier_share=max_outlier_share,
+    )
     if split_tokens:
         n_small, n_large = split_sizes(points, split_tokens)
         if min(n_small, n_large) < MIN_POINTS:
-            raise ValueError(f"a kernel-regime split at {split_tokens} tokens needs {MIN_POINTS} points on each side; "
-                             f"got {n_small} of at most {split_tokens} tokens and {n_large} of more")
+            raise ValueError(
+                f"a kernel-regime split at {split_tokens} tokens needs {MIN_POINTS} points on each side; "
+                f"got {n_small} of at most {split_tokens} tokens and {n_large} of more"
+            )
         idx_small = [i for i, p in enumerate(points) if p.tokens <= split_tokens]
         idx_large = [i for i, p in enumerate(points) if p.tokens > split_tokens]
         small = fit_step_times([points[i] for i in idx_small], hw, model, **kw)
@@ -185,14 +213,16 @@ def fit_step_times(points: list[StepPoint], hw: Hardware, model: ModelSpec, weig
             for i, e in zip(idx, part.rel_errors):
                 errors[i] = e
         excluded = sorted([idx_small[i] for i in small.excluded] + [idx_large[i] for i in large.excluded])
-        return dataclasses.replace(large, rel_errors=tuple(errors), excluded=tuple(excluded), small=small,
-                                   small_step_max_tokens=split_tokens)
+        return dataclasses.replace(
+            large, rel_errors=tuple(errors), excluded=tuple(excluded), small=small, small_step_max_tokens=split_tokens
+        )
     if len(points) < MIN_POINTS:
         raise ValueError(f"need at least {MIN_POINTS} measured points to fit 6 parameters")
     hw = dataclasses.replace(hw, token_tile=token_tile, small_step_max_tokens=0, small_step={})
     t = np.array([p.step_s for p in points])
-    m, c, X = _design(points, hw, model, weight_format=weight_format, dtype_bytes=dtype_bytes,
-                      kv_dtype_bytes=kv_dtype_bytes)
+    m, c, X = _design(
+        points, hw, model, weight_format=weight_format, dtype_bytes=dtype_bytes, kv_dtype_bytes=kv_dtype_bytes
+    )
     first = _fit_arrays(t, m, c, X, hw, rounds, np.ones(len(t), dtype=bool))
     errors = np.abs(first.rel_errors)
     worst = [int(i) for i in np.argsort(-errors)[: int(max_outlier_share * len(t))] if errors[i] > outlier_error]
@@ -223,8 +253,13 @@ def _fit_arrays(t, m, c, X, hw: Hardware, rounds: int, keep: np.ndarray) -> FitR
     lu, lv, th = best
     u, v = float(np.exp(lu)), float(np.exp(lv))
     pred = np.maximum(u * m, v * c) + X @ th
-    return FitResult(hw.mem_bw_bytes_per_s / u / 1e9, 1.0 / v, *(float(x) for x in th),
-                     rel_errors=tuple(float(e) for e in (pred - t) / t), token_tile=hw.token_tile)
+    return FitResult(
+        hw.mem_bw_bytes_per_s / u / 1e9,
+        1.0 / v,
+        *(float(x) for x in th),
+        rel_errors=tuple(float(e) for e in (pred - t) / t),
+        token_tile=hw.token_tile,
+    )
 
 
 def predict_step_s(points: list[StepPoint], cost_model: CostModel) -> list[float]:

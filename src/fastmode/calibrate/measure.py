@@ -84,14 +84,23 @@ def _point_stats(times: list[float]) -> dict[str, float]:
     return {"step_s": statistics.fmean(times), "median_s": med, "spread": (max(times) - min(times)) / med}
 
 
-def sweep_engine(loaded: LoadedModel, sweep: SweepConfig, max_seqs: int, budget: int, tokens: int,
-            prefix_caching: bool = False) -> LLMEngine:
+def sweep_engine(
+    loaded: LoadedModel, sweep: SweepConfig, max_seqs: int, budget: int, tokens: int, prefix_caching: bool = False
+) -> LLMEngine:
     dtype_bytes = 4 if str(loaded.dtype).endswith("float32") else 2
     gib = max(0.01, 1.2 * tokens * loaded.config.kv_bytes_per_token(dtype_bytes) / 2**30)
-    cfg = EngineConfig(model=str(loaded.path), dtype="float32" if dtype_bytes == 4 else "bfloat16",
-                       kv_cache_gib=gib, max_num_seqs=max_seqs, max_num_batched_tokens=budget,
-                       fast_lane_max_batch=None, aging_s=None, enable_prefix_caching=prefix_caching,
-                       num_threads=sweep.num_threads, speculative="off")  # plain steps: one token per sequence
+    cfg = EngineConfig(
+        model=str(loaded.path),
+        dtype="float32" if dtype_bytes == 4 else "bfloat16",
+        kv_cache_gib=gib,
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=budget,
+        fast_lane_max_batch=None,
+        aging_s=None,
+        enable_prefix_caching=prefix_caching,
+        num_threads=sweep.num_threads,
+        speculative="off",
+    )  # plain steps: one token per sequence
     return LLMEngine(cfg, loaded=loaded)
 
 
@@ -156,10 +165,19 @@ class _DecodeGrid:
         points = []
         for ctx, b in self.pairs:
             st = _point_stats(self.times[ctx, b])
-            points.append(StepPoint("decode", num_decodes=b, decode_context=statistics.fmean(self.contexts[ctx, b]),
-                                    num_samples=len(self.times[ctx, b]), **st))
-            progress(f"decode batch {b:>3} context {ctx:>5}: {st['step_s'] * 1e3:8.2f} ms mean, "
-                     f"{st['median_s'] * 1e3:8.2f} ms median (spread {st['spread']:.0%})")
+            points.append(
+                StepPoint(
+                    "decode",
+                    num_decodes=b,
+                    decode_context=statistics.fmean(self.contexts[ctx, b]),
+                    num_samples=len(self.times[ctx, b]),
+                    **st,
+                )
+            )
+            progress(
+                f"decode batch {b:>3} context {ctx:>5}: {st['step_s'] * 1e3:8.2f} ms mean, "
+                f"{st['median_s'] * 1e3:8.2f} ms median (spread {st['spread']:.0%})"
+            )
         return points
 
 
@@ -195,13 +213,16 @@ class _PrefillSweep:
             for ctx, times in sorted(self.by_ctx[n].items()):
                 st = _point_stats(times)
                 points.append(StepPoint("prefill", prefill_tokens=n, prefill_context=ctx, num_samples=len(times), **st))
-                progress(f"prefill chunk {n:>4} after {ctx:>5}: {st['step_s'] * 1e3:8.2f} ms mean, "
-                         f"{st['median_s'] * 1e3:8.2f} ms median (spread {st['spread']:.0%})")
+                progress(
+                    f"prefill chunk {n:>4} after {ctx:>5}: {st['step_s'] * 1e3:8.2f} ms mean, "
+                    f"{st['median_s'] * 1e3:8.2f} ms median (spread {st['spread']:.0%})"
+                )
         return points
 
 
-def sweep_units(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None,
-                points: list[StepPoint] | None = None) -> Iterator[None]:
+def sweep_units(
+    loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None, points: list[StepPoint] | None = None
+) -> Iterator[None]:
     """The sweep of measure_sweep, one unit (a decode round or a prefill pass) per iteration, so
     that a caller can spread it over other work (a load test, between the load's steps). Building
     the engines is part of the first unit. When the iteration ends, the measured points have been

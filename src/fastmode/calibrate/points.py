@@ -52,5 +52,5 @@ class StepPoint:
         return {k: round(v, 9) if isinstance(v, float) else v for k, v in d.items()}
 
     @classmethod
-    def from_json(cls, d: dict) -> "StepPoint":
+    def from_json(cls, d: dict) -> StepPoint:
         return cls(**d)

@@ -31,8 +31,9 @@ class TierPrice:
         return asdict(self)
 
 
-def tier_prices(cost_model: CostModel, usd_per_machine_hour: float, context: int,
-                batches: dict[str, int]) -> list[TierPrice]:
+def tier_prices(
+    cost_model: CostModel, usd_per_machine_hour: float, context: int, batches: dict[str, int]
+) -> list[TierPrice]:
     """Prices for each tier's batch size; `batches` must include 'standard'."""
     if "standard" not in batches:
         raise ValueError("batches needs a 'standard' entry (the price multipliers are relative to it)")
@@ -41,14 +42,20 @@ def tier_prices(cost_model: CostModel, usd_per_machine_hour: float, context: int
         step = cost_model.decode_step_s([context] * b)
         raw[tier] = (b, step, usd_per_machine_hour / 3600 * step / b * 1e6)
     std = raw["standard"][2]
-    return [TierPrice(tier, b, context, step, 1 / step, b / step, usd, usd / std if std else float("nan"))
-            for tier, (b, step, usd) in raw.items()]
+    return [
+        TierPrice(tier, b, context, step, 1 / step, b / step, usd, usd / std if std else float("nan"))
+        for tier, (b, step, usd) in raw.items()
+    ]
 
 
 def format_prices(prices: list[TierPrice], usd_per_machine_hour: float) -> str:
-    lines = [f"derived prices at {usd_per_machine_hour:g} $/machine-hour, context {prices[0].context} tokens:",
-             f"  {'tier':<9}{'batch':>6}{'step ms':>10}{'tok/s/user':>12}{'tok/s total':>13}{'$/Mtok out':>12}{'x std':>7}"]
+    lines = [
+        f"derived prices at {usd_per_machine_hour:g} $/machine-hour, context {prices[0].context} tokens:",
+        f"  {'tier':<9}{'batch':>6}{'step ms':>10}{'tok/s/user':>12}{'tok/s total':>13}{'$/Mtok out':>12}{'x std':>7}",
+    ]
     for p in prices:
-        lines.append(f"  {p.tier:<9}{p.batch:>6}{p.step_s * 1e3:>10.2f}{p.per_user_tok_s:>12.1f}"
-                     f"{p.aggregate_tok_s:>13.1f}{p.usd_per_mtok:>12.4f}{p.multiplier:>7.2f}")
+        lines.append(
+            f"  {p.tier:<9}{p.batch:>6}{p.step_s * 1e3:>10.2f}{p.per_user_tok_s:>12.1f}"
+            f"{p.aggregate_tok_s:>13.1f}{p.usd_per_mtok:>12.4f}{p.multiplier:>7.2f}"
+        )
     return "\n".join(lines)

@@ -57,19 +57,25 @@ def choose_split(points: list[StepPoint], kernel_split: int, split_tokens: int |
         return split_tokens
     sizes = split_sizes(points, kernel_split) if kernel_split else ()
     if sizes and min(sizes) < MIN_POINTS:
-        progress(f"warning: the engine switches kernels above {kernel_split} tokens a step, but the points hold "
-                 f"{sizes} on either side (< {MIN_POINTS}): fitting one set of figures")
+        progress(
+            f"warning: the engine switches kernels above {kernel_split} tokens a step, but the points hold "
+            f"{sizes} on either side (< {MIN_POINTS}): fitting one set of figures"
+        )
         return 0
     return kernel_split
 
 
-def measure_interleaved(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[StepPoint]:
+def measure_interleaved(
+    loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None
+) -> list[StepPoint]:
     """The whole sweep (decode and prefill points interleaved: measure.measure_sweep), `sweep.rounds`
     times, merged (merge_rounds)."""
     return merge_rounds(measure_rounds(loaded, sweep, progress))
 
 
-def measure_rounds(loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None) -> list[list[StepPoint]]:
+def measure_rounds(
+    loaded: LoadedModel, sweep: SweepConfig, progress: Progress = lambda s: None
+) -> list[list[StepPoint]]:
     """Each round's points, unmerged (the same points in the same order every round)."""
     per_round: list[list[StepPoint]] = []
     for rnd in range(sweep.rounds):
@@ -98,16 +104,29 @@ def merge_rounds(per_round: list[list[StepPoint]]) -> list[StepPoint]:
         step_s = sum(p.step_s * p.num_samples for p in same) / n
         between = (max(p.step_s for p in same) - min(p.step_s for p in same)) / step_s
         median_s = statistics.median(p.median_s for p in same) if all(p.median_s > 0 for p in same) else 0.0
-        merged.append(dataclasses.replace(same[0], step_s=step_s, median_s=median_s,
-                                          decode_context=statistics.fmean(p.decode_context for p in same),
-                                          num_samples=n, spread=max(between, max(p.spread for p in same))))
+        merged.append(
+            dataclasses.replace(
+                same[0],
+                step_s=step_s,
+                median_s=median_s,
+                decode_context=statistics.fmean(p.decode_context for p in same),
+                num_samples=n,
+                spread=max(between, max(p.spread for p in same)),
+            )
+        )
     return merged
 
 
-def calibrate_loaded(loaded: LoadedModel, sweep: SweepConfig, hardware: str = "local",
-                     usd_per_hour: float | None = None, progress: Progress = lambda s: None,
-                     points: list[StepPoint] | None = None, fitted_from: str = "",
-                     split_tokens: int | None = None) -> CalibrationRun:
+def calibrate_loaded(
+    loaded: LoadedModel,
+    sweep: SweepConfig,
+    hardware: str = "local",
+    usd_per_hour: float | None = None,
+    progress: Progress = lambda s: None,
+    points: list[StepPoint] | None = None,
+    fitted_from: str = "",
+    split_tokens: int | None = None,
+) -> CalibrationRun:
     """Measure `loaded` with `sweep` (or re-fit given `points`) and fit the cost model.
     `split_tokens`: fit steps of at most this many tokens apart (0: never; None: at the engine's
     kernel switch, when the points allow)."""
@@ -118,10 +137,12 @@ def calibrate_loaded(loaded: LoadedModel, sweep: SweepConfig, hardware: str = "l
     spec, fmt = engine_model_spec(loaded)
     if points is None:
         points = measure_interleaved(loaded, sweep, progress)
-        fitted_from = (f"fastmode calibrate: {loaded.name} {fmt}, batches {min(sweep.batches)}-{max(sweep.batches)}, "
-                       f"contexts {','.join(map(str, sweep.contexts))}, chunks {','.join(map(str, sweep.chunk_sizes))}, "
-                       f"{torch.get_num_threads()} threads, {sweep.clock} clock"
-                       + (f", {sweep.rounds} rounds" if sweep.rounds > 1 else ""))
+        fitted_from = (
+            f"fastmode calibrate: {loaded.name} {fmt}, batches {min(sweep.batches)}-{max(sweep.batches)}, "
+            f"contexts {','.join(map(str, sweep.contexts))}, chunks {','.join(map(str, sweep.chunk_sizes))}, "
+            f"{torch.get_num_threads()} threads, {sweep.clock} clock"
+            + (f", {sweep.rounds} rounds" if sweep.rounds > 1 else "")
+        )
     base = load_hardware(hardware)
     from fastmode.engine.llm_engine import resolve_kv_dtype
 
@@ -129,8 +150,9 @@ def calibrate_loaded(loaded: LoadedModel, sweep: SweepConfig, hardware: str = "l
     kernel_split, kernel_tile = kernel_regimes(fmt)
     split = choose_split(points, kernel_split, split_tokens, progress)
     tile = kernel_tile if split else 0  # tiles price the larger steps only
-    fit = fit_step_times(points, base, spec, weight_format=fmt, kv_dtype_bytes=kv_bytes, split_tokens=split,
-                         token_tile=tile)
+    fit = fit_step_times(
+        points, base, spec, weight_format=fmt, kv_dtype_bytes=kv_bytes, split_tokens=split, token_tile=tile
+    )
     usd = usd_per_hour if usd_per_hour is not None else base.usd_per_hour
     cal = calibration_dict(fit, points, hardware, loaded.name, fmt, fitted_from, usd)
     cm = CostModel(fit.apply(base), spec, tp=1, weight_format=fmt, kv_dtype_bytes=kv_bytes)

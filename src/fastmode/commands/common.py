@@ -17,11 +17,19 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     # Greedy and short by default on the command line.
-    add_dataclass_args(p, SamplingParams, only=("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"),
-                       defaults={"max_tokens": 128, "temperature": 0.0}, repeatable=("stop",), title="sampling",
-                       description="temperature 0 is greedy; top-k 0 and top-p 1 turn those filters off; a seed "
-                                   "makes sampling reproducible; --stop ends the output at a string")
-    p.add_argument("--tier", default="standard", choices=[t.value for t in Tier], help="service tier (default: standard)")
+    add_dataclass_args(
+        p,
+        SamplingParams,
+        only=("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"),
+        defaults={"max_tokens": 128, "temperature": 0.0},
+        repeatable=("stop",),
+        title="sampling",
+        description="temperature 0 is greedy; top-k 0 and top-p 1 turn those filters off; a seed "
+        "makes sampling reproducible; --stop ends the output at a string",
+    )
+    p.add_argument(
+        "--tier", default="standard", choices=[t.value for t in Tier], help="service tier (default: standard)"
+    )
 
 
 def load_llm_and_params(args: argparse.Namespace):

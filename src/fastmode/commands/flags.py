@@ -111,16 +111,37 @@ def add_dataclass_args(
             exclusive[key] = group.add_mutually_exclusive_group()
         target = group if key is None else exclusive[key]
         if is_bool:
-            target.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            target.add_argument(
+                *flags, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_text
+            )
         elif repeated:
-            target.add_argument(*flags, dest=name, type=parse, action="append", default=list(default or ()),
-                                choices=choices, help=f"{help_text}; repeat the flag for more", **extra)
+            target.add_argument(
+                *flags,
+                dest=name,
+                type=parse,
+                action="append",
+                default=list(default or ()),
+                choices=choices,
+                help=f"{help_text}; repeat the flag for more",
+                **extra,
+            )
         else:
-            target.add_argument(*flags, dest=name, type=parse, default=default, choices=choices, required=required,
-                                help=help_text, **extra)
+            target.add_argument(
+                *flags,
+                dest=name,
+                type=parse,
+                default=default,
+                choices=choices,
+                required=required,
+                help=help_text,
+                **extra,
+            )
 
 
 def pick(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     """The settings of `cls` found in parsed flags, as keywords for `cls(...)` (a repeated flag's list as a tuple)."""
-    return {name: tuple(v) if isinstance(v := getattr(args, name), list) else v
-            for name, *_ in _settings(cls) if hasattr(args, name)}
+    return {
+        name: tuple(v) if isinstance(v := getattr(args, name), list) else v
+        for name, *_ in _settings(cls)
+        if hasattr(args, name)
+    }

@@ -24,7 +24,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     llm, params = loaded
     tok = llm.tokenizer
-    prompt = args.prompt if args.raw or not tok.chat_template else tok.encode_chat([{"role": "user", "content": args.prompt}])
+    prompt = (
+        args.prompt
+        if args.raw or not tok.chat_template
+        else tok.encode_chat([{"role": "user", "content": args.prompt}])
+    )
     t0 = time.perf_counter()
     last = None
     for out in llm.stream(prompt, params, args.tier):
@@ -35,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
     n = len(last.token_ids) if last else 0
     m = last.metrics if last else None
     ttft = f"{m.ttft_s * 1000:.0f} ms" if m and m.ttft_s is not None else "-"
-    print(f"\n\n[{llm.engine.model_name} | {str(llm.engine.loaded.dtype).removeprefix('torch.')} | {n} tokens in {elapsed:.2f} s, "
-          f"{n / elapsed:.1f} tok/s | TTFT {ttft} | finish: {last.finish_reason if last else '-'}]", file=sys.stderr)
+    print(
+        f"\n\n[{llm.engine.model_name} | {str(llm.engine.loaded.dtype).removeprefix('torch.')} | {n} tokens in {elapsed:.2f} s, "
+        f"{n / elapsed:.1f} tok/s | TTFT {ttft} | finish: {last.finish_reason if last else '-'}]",
+        file=sys.stderr,
+    )
     return 0

@@ -53,7 +53,9 @@ def _read_cache(path: Path, key: dict[str, Any]) -> dict[str, Answer]:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not rows or rows[0].get("key") != key:
         return {}  # another teacher or another max_tokens: regenerate everything
-    return {r["prompt"]: Answer(r["prompt"], tuple(r["prompt_ids"]), tuple(r["answer_ids"]), r["text"]) for r in rows[1:]}
+    return {
+        r["prompt"]: Answer(r["prompt"], tuple(r["prompt_ids"]), tuple(r["answer_ids"]), r["text"]) for r in rows[1:]
+    }
 
 
 def _write_cache(path: Path, key: dict[str, Any], answers: Sequence[Answer]) -> None:

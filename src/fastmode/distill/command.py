@@ -40,7 +40,9 @@ class DistillCommandOptions:
     """
 
     model: str | None = None  # teacher (none: the embedded SmolLM2-135M-Instruct)
-    out: Path | None = field(default=None, metadata={"parse": Path, "metavar": "DIR"})  # output folder (none: <cache>/spark/<teacher>-spark)
+    out: Path | None = field(
+        default=None, metadata={"parse": Path, "metavar": "DIR"}
+    )  # output folder (none: <cache>/spark/<teacher>-spark)
     resume: bool = False  # continue the checkpoint in --out
     num_layers: int = 10  # student layers, spread evenly over the teacher's
     seq_len: int = 256  # tokens per training window
@@ -54,17 +56,23 @@ class DistillCommandOptions:
     ce_weight: float = 0.1  # weight of the next-token CE term
     seed: int = 0  # seed of the data order and the student's initialisation
     checkpoint_every: int = field(default=25, metadata={"metavar": "STEPS"})  # steps between checkpoints
-    mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX), metadata={"parse": _parse_mix, "metavar": "NAME=WEIGHT,..."})  # share of training windows per source
+    mix: dict[str, float] = field(
+        default_factory=lambda: dict(DEFAULT_MIX), metadata={"parse": _parse_mix, "metavar": "NAME=WEIGHT,..."}
+    )  # share of training windows per source
     answer_max_tokens: int = 128  # length cap of the teacher's answers
-    format: str = field(default="auto", metadata={"choices": ("auto", "fp32", "bf16", "int8")})  # weight storage; auto = most precise that fits --max-mb
+    format: str = field(
+        default="auto", metadata={"choices": ("auto", "fp32", "bf16", "int8")}
+    )  # weight storage; auto = most precise that fits --max-mb
     max_mb: float = 50.0  # size limit of the exported file (MB)
 
 
 def register(subparsers: Any) -> None:
     """Add the `distill` subcommand to the `fastmode` parser."""
     p = subparsers.add_parser(
-        "distill", help="distill the Spark student from the default model",
-        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        "distill",
+        help="distill the Spark student from the default model",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(__doc__.splitlines()[1:]),
     )
     add_dataclass_args(p, DistillCommandOptions, title="distill")
@@ -80,13 +88,28 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     teacher = load_model(args.model, dtype="float32", weights="dequantize")  # the student trains on fp32 copies
-    cfg = TrainConfig(num_layers=args.num_layers, seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr,
-                      warmup_steps=args.warmup_steps, decay_steps=args.decay_steps, temperature=args.temperature,
-                      ce_weight=args.ce_weight, seed=args.seed)
+    cfg = TrainConfig(
+        num_layers=args.num_layers,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        decay_steps=args.decay_steps,
+        temperature=args.temperature,
+        ce_weight=args.ce_weight,
+        seed=args.seed,
+    )
     opts = DistillOptions(
-        out_dir=args.out or default_spark_dir(teacher.name), model=args.model, resume=args.resume, max_steps=args.max_steps,
-        max_minutes=args.max_minutes, checkpoint_every=args.checkpoint_every, mix=args.mix or dict(DEFAULT_MIX),
-        answer_max_tokens=args.answer_max_tokens, export_format=args.format, max_bytes=int(args.max_mb * 1e6),
+        out_dir=args.out or default_spark_dir(teacher.name),
+        model=args.model,
+        resume=args.resume,
+        max_steps=args.max_steps,
+        max_minutes=args.max_minutes,
+        checkpoint_every=args.checkpoint_every,
+        mix=args.mix or dict(DEFAULT_MIX),
+        answer_max_tokens=args.answer_max_tokens,
+        export_format=args.format,
+        max_bytes=int(args.max_mb * 1e6),
     )
     try:
         info = run_distill(teacher, cfg, opts)
@@ -94,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
         return 130
     s = info["summary"]
     print(json.dumps(info, indent=2))
-    print(f"\nSpark: {info['path']} ({info['file_bytes'] / 1e6:.1f} MB, {info['format']}), layers {info['layer_indices']}, "
-          f"{s['steps']} steps / {s['tokens']} tokens in {s['train_minutes']} min; "
-          f"probe KL {s['probe_kl_start']:.3f} -> {s['probe_kl_end']:.3f} nats/token")
+    print(
+        f"\nSpark: {info['path']} ({info['file_bytes'] / 1e6:.1f} MB, {info['format']}), layers {info['layer_indices']}, "
+        f"{s['steps']} steps / {s['tokens']} tokens in {s['train_minutes']} min; "
+        f"probe KL {s['probe_kl_start']:.3f} -> {s['probe_kl_end']:.3f} nats/token"
+    )
     return 0

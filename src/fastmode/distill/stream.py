@@ -74,8 +74,9 @@ class SourceCursor:
 class WindowStream:
     """Batches (B, seq_len + 1) of token ids drawn from several sources by mixture weight."""
 
-    def __init__(self, cursors: Sequence[SourceCursor], weights: Mapping[str, float], seed: int,
-                 batch_size: int, seq_len: int):
+    def __init__(
+        self, cursors: Sequence[SourceCursor], weights: Mapping[str, float], seed: int, batch_size: int, seq_len: int
+    ):
         self.cursors = {c.name: c for c in cursors}
         names = [n for n in self.cursors if weights.get(n, 0) > 0]
         if not names:

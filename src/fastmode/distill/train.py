@@ -68,8 +68,9 @@ class TrainConfig:
 class Trainer:
     """The student, its optimizer and the data stream; `train_step` advances all three."""
 
-    def __init__(self, teacher: LlamaModel, stream: WindowStream, cfg: TrainConfig,
-                 layer_indices: Sequence[int] | None = None):
+    def __init__(
+        self, teacher: LlamaModel, stream: WindowStream, cfg: TrainConfig, layer_indices: Sequence[int] | None = None
+    ):
         if stream.seq_len != cfg.seq_len or stream.batch_size != cfg.batch_size:
             raise ValueError("the stream's seq_len/batch_size differ from the config's")
         torch.manual_seed(cfg.seed)
@@ -91,8 +92,15 @@ class Trainer:
             teacher_h = causal_hidden(self.teacher, inputs)
         with torch.set_grad_enabled(backward):
             student_h = causal_hidden(self.student, inputs)
-        return distill_loss(self.student.lm_head, student_h.flatten(0, 1), teacher_h.flatten(0, 1),
-                            targets.flatten(), self.cfg.temperature, self.cfg.ce_weight, backward=backward)
+        return distill_loss(
+            self.student.lm_head,
+            student_h.flatten(0, 1),
+            teacher_h.flatten(0, 1),
+            targets.flatten(),
+            self.cfg.temperature,
+            self.cfg.ce_weight,
+            backward=backward,
+        )
 
     def train_step(self) -> LossParts:
         """One optimizer step on the stream's next batch; returns the batch's loss before the update."""
@@ -129,7 +137,9 @@ class Trainer:
         """Continue from `state`; ValueError if it was made under another config or layer choice."""
         if state["config"] != asdict(self.cfg) or state["layer_indices"] != self.layer_indices:
             diff = {k: (v, asdict(self.cfg).get(k)) for k, v in state["config"].items() if asdict(self.cfg).get(k) != v}
-            raise ValueError(f"checkpoint was made with other settings (checkpoint, now): {diff or state['layer_indices']}")
+            raise ValueError(
+                f"checkpoint was made with other settings (checkpoint, now): {diff or state['layer_indices']}"
+            )
         missing, unexpected = self.student.load_state_dict(state["student"], strict=False)
         if unexpected or any(k.startswith(("layers.", "norm.")) for k in missing):
             raise ValueError(f"checkpoint student does not match: missing {missing}, unexpected {unexpected}")

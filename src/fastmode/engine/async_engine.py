@@ -65,7 +65,9 @@ class AsyncEngine:
         # computes. Free this thread's OpenMP workers so the engine thread's pool is the only one
         # and its workers keep spinning between parallel regions (see engine/openmp.py).
         release_thread_pool()
-        self._thread = threading.Thread(target=self._loop, name=f"fastmode-engine:{name or engine.model_name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name=f"fastmode-engine:{name or engine.model_name}", daemon=True
+        )
         self._thread.start()
 
     # -- engine thread -----------------------------------------------------
@@ -136,7 +138,11 @@ class AsyncEngine:
 
     # -- request API -------------------------------------------------------
     def add_request(
-        self, prompt: str | list[int], params: SamplingParams, tier: Tier | str = Tier.STANDARD, request_id: str | None = None
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        tier: Tier | str = Tier.STANDARD,
+        request_id: str | None = None,
     ) -> str:
         """Queue a request; raises ValueError for bad input (nothing is left behind). Never waits for a step."""
         if self._closed:
@@ -173,7 +179,11 @@ class AsyncEngine:
                 self.abort(request_id)
 
     async def generate(
-        self, prompt: str | list[int], params: SamplingParams, tier: Tier | str = Tier.STANDARD, request_id: str | None = None
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        tier: Tier | str = Tier.STANDARD,
+        request_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         rid = self.add_request(prompt, params, tier, request_id)
         async for o in self.stream(rid):

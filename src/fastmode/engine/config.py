@@ -33,10 +33,16 @@ class LoadConfig:
     """What to load, and how its weights are held."""
 
     model: str | None = None  # a Hugging Face directory or .gguf file; None = the embedded default model
-    dtype: str = field(default="auto", metadata={"choices": DTYPES})  # auto: bf16 on CUDA, fp32 on the CPU (see loader.load.resolve_dtype)
-    weights: str = field(default="native", metadata={"choices": WEIGHT_FORMATS})  # native: a GGUF file's Q4_0/Q4_1/Q8_0 blocks run as stored (fp32 activations); native-int8: int8 activations; dequantize: expand to dtype
+    dtype: str = field(
+        default="auto", metadata={"choices": DTYPES}
+    )  # auto: bf16 on CUDA, fp32 on the CPU (see loader.load.resolve_dtype)
+    weights: str = field(
+        default="native", metadata={"choices": WEIGHT_FORMATS}
+    )  # native: a GGUF file's Q4_0/Q4_1/Q8_0 blocks run as stored (fp32 activations); native-int8: int8 activations; dequantize: expand to dtype
     pack_weights: bool = True  # CPU fp32: pre-pack linear weights for oneDNN (see models/cpu_packing.py)
-    draft_model: str | None = "auto"  # "auto" = the model's Spark if there is one; "spark", a path sharing the tokenizer, "layers:N" (the target's first N layers), None
+    draft_model: str | None = (
+        "auto"  # "auto" = the model's Spark if there is one; "spark", a path sharing the tokenizer, "layers:N" (the target's first N layers), None
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -50,7 +56,9 @@ class CacheConfig:
     """The KV cache: its size sets the number of blocks."""
 
     kv_cache_gib: float = 1.0  # KV cache size; sets the number of blocks
-    kv_cache_dtype: str = field(default="auto", metadata={"choices": KV_CACHE_DTYPES})  # auto: float16 when the model computes in float32 (half the bytes attention reads), else the model's dtype; float16 | float32 | bfloat16
+    kv_cache_dtype: str = field(
+        default="auto", metadata={"choices": KV_CACHE_DTYPES}
+    )  # auto: float16 when the model computes in float32 (half the bytes attention reads), else the model's dtype; float16 | float32 | bfloat16
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -99,8 +107,10 @@ class EngineConfig:
     usd_per_machine_hour: float = 1.0  # what one machine-hour of this engine costs
 
     def __init__(self, **kwargs: Any) -> None:
-        values = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                  for f in fields(self)}
+        values = {
+            f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            for f in fields(self)
+        }
         by_name = _flat_index()
         changes: dict[str, dict[str, Any]] = {}
         for key, value in kwargs.items():

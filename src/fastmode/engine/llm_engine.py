@@ -87,8 +87,14 @@ def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     as much. Under bf16 compute the cache stays bf16."""
     if name == "auto":
         return torch.float16 if model_dtype == torch.float32 else model_dtype
-    return {"float16": torch.float16, "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32,
-            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}[name]
+    return {
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+    }[name]
 
 
 class LLMEngine:
@@ -101,7 +107,9 @@ class LLMEngine:
         mcfg = self.loaded.config
         self.kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, self.loaded.dtype)
         dtype_bytes = torch.finfo(self.kv_dtype).bits // 8
-        self.scheduler_config = config.scheduler_config(mcfg.kv_bytes_per_token(dtype_bytes), mcfg.max_position_embeddings)
+        self.scheduler_config = config.scheduler_config(
+            mcfg.kv_bytes_per_token(dtype_bytes), mcfg.max_position_embeddings
+        )
         self.scheduler = Scheduler(self.scheduler_config, self.tokenizer.eos_token_ids)
         self.runner = ModelRunner(
             self.loaded.model,
@@ -172,14 +180,17 @@ class LLMEngine:
             raise RequestError(
                 "speculative: 'draft' needs a draft model, and this engine runs without one (start it with "
                 "draft_model=..., or `fastmode serve --draft-model`); use 'ngram' or 'off', or leave it unset",
-                param="speculative", code="unsupported_parameter",
+                param="speculative",
+                code="unsupported_parameter",
             )
 
     def add_sequence(self, seq: Sequence) -> str:
         """Queue a sequence from `make_sequence` (on the thread that steps the engine)."""
         self.scheduler.add(seq)  # raises ValueError for a duplicate id
         params = seq.params
-        self._tracked[seq.request_id] = _Tracked(seq, IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output))
+        self._tracked[seq.request_id] = _Tracked(
+            seq, IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
+        )
         return seq.request_id
 
     def abort(self, request_id: str) -> bool:
@@ -206,7 +217,9 @@ class LLMEngine:
         draft = auto_draft(self.loaded) if draft_model == "auto" else load_draft(draft_model, self.loaded)
         if draft is None:
             return None
-        return DraftModelProposer(draft, self.scheduler_config.num_blocks, self.scheduler_config.block_size, self.kv_dtype)
+        return DraftModelProposer(
+            draft, self.scheduler_config.num_blocks, self.scheduler_config.block_size, self.kv_dtype
+        )
 
     def _propose_drafts(self) -> DraftReport:
         """Give decoding sequences draft tokens where the policy says speculation pays; report

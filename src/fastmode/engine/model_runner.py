@@ -46,7 +46,9 @@ MAX_SPAN_AS_ROWS = 16
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_dtype: torch.dtype, pack_weights: bool = True):
+    def __init__(
+        self, model: LlamaModel, num_blocks: int, block_size: int, kv_dtype: torch.dtype, pack_weights: bool = True
+    ):
         cfg = model.cfg
         if pack_weights and can_pack(model) and not getattr(model, "packed", False):
             pack_linears(model)
@@ -54,7 +56,9 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype)) for _ in range(cfg.num_layers)]
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype)) for _ in range(cfg.num_layers)
+        ]
         self.generators: dict[str, torch.Generator] = {}
         self.grammars: dict[str, _GrammarState] = {}
         self.logprobs: dict[str, list[TokenLogprob]] = {}  # per sampled token, until taken

@@ -124,7 +124,8 @@ class Scheduler:
         if num_prompt_tokens >= limit:
             raise RequestError(
                 f"the prompt has {num_prompt_tokens} tokens; this model's context limit is {limit} tokens",
-                param="prompt", code="context_length_exceeded",
+                param="prompt",
+                code="context_length_exceeded",
             )
         if self.block_manager.blocks_for(num_prompt_tokens + 1) > self.config.num_blocks:
             raise RequestError(f"a prompt of {num_prompt_tokens} tokens can never fit in the KV cache", param="prompt")
@@ -309,9 +310,7 @@ class Scheduler:
             self._preempt(victim, out)
 
     # -- feedback ----------------------------------------------------------
-    def update_from_output(
-        self, out: SchedulerOutput, sampled: dict[str, list[int]], now_s: float
-    ) -> list[Sequence]:
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, list[int]], now_s: float) -> list[Sequence]:
         """Apply the runner's tokens. `sampled[rid]` holds the accepted drafts plus
         one new token (or nothing for a mid-prompt chunk). Returns sequences that
         got new tokens or finished this step."""

@@ -9,8 +9,9 @@ from fastmode.models.attention_batch import AttentionBatch, PrefillSpan
 
 
 @torch.inference_mode()
-def full_logits(loaded: LoadedModel, token_ids: list[int], block_size: int = 16,
-                kv_dtype: torch.dtype | None = None) -> torch.Tensor:
+def full_logits(
+    loaded: LoadedModel, token_ids: list[int], block_size: int = 16, kv_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """(len, V) fp32 logits for every position, computed in one prefill on a private cache
     of `kv_dtype` (default: the model's dtype; an engine passes its own cache's)."""
     cfg = loaded.config

@@ -144,7 +144,9 @@ def _get_executor() -> llguidance.LLExecutor:
     return _executor
 
 
-def fill_masks(entries: list[tuple[llguidance.LLMatcher, int, list[int]]], num_rows: int, mask_words: int) -> torch.Tensor:
+def fill_masks(
+    entries: list[tuple[llguidance.LLMatcher, int, list[int]]], num_rows: int, mask_words: int
+) -> torch.Tensor:
     """Token masks for a step's constrained rows, computed in parallel without the GIL.
 
     Each entry is (matcher, first row, drafts): row `first` gets the mask at the matcher's

@@ -15,7 +15,7 @@ class Tier(str, Enum):
         return _RANK[self]
 
     @classmethod
-    def parse(cls, value: "str | Tier | None") -> "Tier":
+    def parse(cls, value: str | Tier | None) -> Tier:
         if value is None:
             return cls.STANDARD
         try:

@@ -163,11 +163,7 @@ def comma_list(response: str, args: Mapping[str, Any], prompt: str = "") -> bool
         return False
     items = [item.strip() for item in text.split(",")]
     max_words = int(args.get("max_words_per_item", 4))
-    return (
-        len(items) == int(args["count"])
-        and all(items)
-        and all(len(_words(item)) <= max_words for item in items)
-    )
+    return len(items) == int(args["count"]) and all(items) and all(len(_words(item)) <= max_words for item in items)
 
 
 def max_words(response: str, args: Mapping[str, Any], prompt: str = "") -> bool:
@@ -198,10 +194,7 @@ def numbered_list(response: str, args: Mapping[str, Any], prompt: str = "") -> b
     lines = [line.strip() for line in response.strip().splitlines() if line.strip()]
     if len(lines) != int(args["count"]):
         return False
-    return all(
-        line.startswith(f"{i}.") and line[len(f"{i}.") :].strip()
-        for i, line in enumerate(lines, start=1)
-    )
+    return all(line.startswith(f"{i}.") and line[len(f"{i}.") :].strip() for i, line in enumerate(lines, start=1))
 
 
 def no_letter(response: str, args: Mapping[str, Any], prompt: str = "") -> bool:

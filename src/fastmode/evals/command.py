@@ -35,12 +35,22 @@ SPEC_BATCH_SIZE = 4
 class EvalOptions:
     """What `fastmode eval` runs, beyond how each model is loaded; each field is one flag."""
 
-    model: tuple[str, ...] = field(default=(), metadata={"metavar": "PATH"})  # model path or name ('default' = the embedded model, 'spark' = its Spark); none: the embedded model
-    speculative: str = field(default="off", metadata={"choices": SPECULATIVE_CHOICES})  # also evaluate the first model with this speculative mode
+    model: tuple[str, ...] = field(
+        default=(), metadata={"metavar": "PATH"}
+    )  # model path or name ('default' = the embedded model, 'spark' = its Spark); none: the embedded model
+    speculative: str = field(
+        default="off", metadata={"choices": SPECULATIVE_CHOICES}
+    )  # also evaluate the first model with this speculative mode
     limit: int | None = field(default=None, metadata={"metavar": "N"})  # at most N items per category (a quick run)
-    categories: str | None = field(default=None, metadata={"metavar": "LIST"})  # comma-separated subset of: factual,arithmetic,code,format
-    json: Path | None = field(default=None, metadata={"parse": Path, "metavar": "PATH"})  # write the full report, per-item answers included, to PATH
-    batch_size: int | None = field(default=None, metadata={"metavar": "N"})  # prompts per generate call (none: all at once, or 4 for every run when --speculative is on)
+    categories: str | None = field(
+        default=None, metadata={"metavar": "LIST"}
+    )  # comma-separated subset of: factual,arithmetic,code,format
+    json: Path | None = field(
+        default=None, metadata={"parse": Path, "metavar": "PATH"}
+    )  # write the full report, per-item answers included, to PATH
+    batch_size: int | None = field(
+        default=None, metadata={"metavar": "N"}
+    )  # prompts per generate call (none: all at once, or 4 for every run when --speculative is on)
     chain_steps: int = field(default=10, metadata={"metavar": "N"})  # steps in the p^N pipeline estimate
     speed: bool = True  # run the batch-1 speed probe
     perplexity: bool = True  # measure held-out perplexity
@@ -97,12 +107,14 @@ def run(args: argparse.Namespace) -> int:
     reports = []
     for model, speculative in runs:
         label = _label(model)
-        print(f"[eval] {label}{' +' + speculative if speculative else ''}: "
-              f"{len(tasks)} items", file=sys.stderr)
+        print(f"[eval] {label}{' +' + speculative if speculative else ''}: {len(tasks)} items", file=sys.stderr)
         llm = _load(model, args.dtype, args.weights, args.kv_cache_dtype)
         try:
             report = evaluate(
-                llm, tasks, speculative, name=label,
+                llm,
+                tasks,
+                speculative,
+                name=label,
                 measure_speed=args.speed,
                 measure_perplexity=args.perplexity,
                 chain_steps=args.chain_steps,

@@ -74,13 +74,11 @@ def _two_step(rng: random.Random) -> tuple[str, int]:
         return f"What is {x} minus {a} plus {b}?", x - a + b
     if kind == 3:
         return (
-            f"{name} has {a} {thing} and gets {b} more, then gives away {c}. "
-            f"How many {thing} does {name} have now?",
+            f"{name} has {a} {thing} and gets {b} more, then gives away {c}. How many {thing} does {name} have now?",
             a + b - c,
         )
     return (
-        f"{name} buys {c} bags with {a} {thing} in each bag and already had {b}. "
-        f"How many {thing} does {name} have?",
+        f"{name} buys {c} bags with {a} {thing} in each bag and already had {b}. How many {thing} does {name} have?",
         c * a + b,
     )
 

@@ -97,9 +97,7 @@ def pooled(sums: Sequence[tuple[float, int]]) -> PerplexityResult:
     return PerplexityResult(math.exp(mean_nll), mean_nll, num_tokens)
 
 
-def perplexity(
-    score: ScoreFn, encode: Callable[[str], list[int]], texts: Sequence[str]
-) -> PerplexityResult:
+def perplexity(score: ScoreFn, encode: Callable[[str], list[int]], texts: Sequence[str]) -> PerplexityResult:
     """Pooled perplexity of `texts` under `score`, tokenized with `encode`."""
     return pooled([score_text(score, encode(text)) for text in texts])
 
@@ -109,9 +107,6 @@ def heldout_perplexity(llm: Any) -> dict[str, PerplexityResult]:
     score = score_fn_of(llm)
     texts = load_heldout()
     sums = {t.id: score_text(score, llm.tokenizer.encode(t.text)) for t in texts}
-    results = {
-        kind: pooled([sums[t.id] for t in texts if t.kind == kind])
-        for kind in sorted({t.kind for t in texts})
-    }
+    results = {kind: pooled([sums[t.id] for t in texts if t.kind == kind]) for kind in sorted({t.kind for t in texts})}
     results["all"] = pooled(list(sums.values()))
     return results

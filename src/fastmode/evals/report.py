@@ -46,19 +46,19 @@ def table_rows(reports: Sequence[ModelReport], baseline: ModelReport | None = No
     for category in CATEGORIES:
         if category in first.per_category:
             n = first.per_category[category].num_total
-            rows.append([f"  {category} (n={n})"] + [
-                _pct(r.per_category[category]) if category in r.per_category else "-"
-                for r in reports
-            ])
+            rows.append(
+                [f"  {category} (n={n})"]
+                + [_pct(r.per_category[category]) if category in r.per_category else "-" for r in reports]
+            )
     rows.append([f"{first.chain.num_steps}-step chain p^{first.chain.num_steps}"] + [_chain(r) for r in reports])
     rows.append(["decode tok/s (batch 1)"] + [_num(r.decode_tok_s, ".1f") for r in reports])
     for kind in ("prose", "code", "all"):
         rows.append([f"perplexity ({kind})"] + [_ppl(r, kind) for r in reports])
     if baseline is not None and any(r.speculative not in (None, "off") for r in reports):
-        rows.append([f"identical to {baseline.name}"] + [
-            _pct(agreement(baseline, r)) if r.speculative not in (None, "off") else "-"
-            for r in reports
-        ])
+        rows.append(
+            [f"identical to {baseline.name}"]
+            + [_pct(agreement(baseline, r)) if r.speculative not in (None, "off") else "-" for r in reports]
+        )
     return rows
 
 

@@ -69,9 +69,7 @@ class ModelReport:
             "per_category": {c: p.to_dict() for c, p in self.per_category.items()},
             "chain": self.chain.to_dict(),
             "decode_tok_s": self.decode_tok_s,
-            "perplexity": (
-                {k: v.to_dict() for k, v in self.perplexity.items()} if self.perplexity else None
-            ),
+            "perplexity": ({k: v.to_dict() for k, v in self.perplexity.items()} if self.perplexity else None),
             "generate_s": self.generate_s,
             "notes": self.notes,
             "items": [vars(item) for item in self.items],
@@ -137,9 +135,7 @@ def _one_prompt_type(llm: Any, prompts: list[Any]) -> list[Any]:
     return prompts
 
 
-def measure_decode_tok_s(
-    llm: Any, speculative: str | None = None, num_tokens: int = 64
-) -> float:
+def measure_decode_tok_s(llm: Any, speculative: str | None = None, num_tokens: int = 64) -> float:
     """Batch-1 decode speed in output tokens/s, prefill excluded.
 
     For each probe prompt we time a 1-token and an N-token generation; the
@@ -163,9 +159,7 @@ def measure_decode_tok_s(
     return statistics.median(rates)
 
 
-def summarize(
-    name: str, speculative: str | None, items: list[ItemResult], chain_steps: int = 10
-) -> ModelReport:
+def summarize(name: str, speculative: str | None, items: list[ItemResult], chain_steps: int = 10) -> ModelReport:
     """Accuracy overall and per category (Wilson 95%) and the p^n chain."""
     overall = proportion(sum(i.passed for i in items), len(items))
     per_category = {}

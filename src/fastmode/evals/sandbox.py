@@ -36,7 +36,7 @@ _MAX_OUTPUT_CHARS = 4000
 # Runs inside the child. argv: [harness, root_dir, program_path, cpu_s, as_bytes].
 # Written as a plain string (not a function here) because the child runs with
 # -I -S and must not import fastmode.
-_HARNESS = r'''
+_HARNESS = r"""
 import os, sys
 root = os.path.realpath(sys.argv[1])
 with open(sys.argv[2], encoding="utf-8") as f:
@@ -103,7 +103,7 @@ def hook(event, args):
 sys.addaudithook(hook)
 del hook
 exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -120,9 +120,7 @@ class SandboxResult:
         return self.returncode == 0 and not self.timed_out
 
 
-def run_python(
-    program: str, timeout_s: float = 5.0, memory_bytes: int = 1 << 30
-) -> SandboxResult:
+def run_python(program: str, timeout_s: float = 5.0, memory_bytes: int = 1 << 30) -> SandboxResult:
     """Run `program` as `__main__` in a sandboxed child interpreter.
 
     Returns once the child exits or `timeout_s` of wall-clock time passes, in
@@ -135,15 +133,19 @@ def run_python(
         # CPU limit slightly above the wall timeout: the wall clock is the
         # primary fence, RLIMIT_CPU the backstop if the parent is stalled.
         cpu_s = int(timeout_s) + 1
-        argv = [sys.executable, "-I", "-S", "-B", "-c", _HARNESS, root, program_path,
-                str(cpu_s), str(memory_bytes)]
+        argv = [sys.executable, "-I", "-S", "-B", "-c", _HARNESS, root, program_path, str(cpu_s), str(memory_bytes)]
         env = {"PATH": "/usr/bin:/bin", "HOME": root, "TMPDIR": root, "LANG": "C.UTF-8"}
         # Output goes to files, not pipes: a print loop then costs disk capped
         # by RLIMIT_FSIZE instead of the parent's memory.
         out_path, err_path = os.path.join(root, "stdout.txt"), os.path.join(root, "stderr.txt")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
-                argv, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                argv,
+                cwd=root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
                 start_new_session=True,
             )
             try:

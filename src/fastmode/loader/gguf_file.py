@@ -147,7 +147,9 @@ def read_gguf(path: Path, native: bool = False) -> tuple[ModelConfig, dict[str, 
                 blocks = _unpermute(blocks, cfg.num_heads)
             elif permute and t.name.endswith("attn_k.weight"):
                 blocks = _unpermute(blocks, cfg.num_kv_heads)
-            tensors[hf] = QuantTensor(torch.from_numpy(np.array(blocks, copy=True, order="C")), GGML_TYPES[qtype], shape)
+            tensors[hf] = QuantTensor(
+                torch.from_numpy(np.array(blocks, copy=True, order="C")), GGML_TYPES[qtype], shape
+            )
             continue
         w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         w = w.reshape(shape)

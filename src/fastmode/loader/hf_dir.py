@@ -25,7 +25,9 @@ def config_from_hf(d: dict[str, Any], source: str) -> ModelConfig:
         # transformers >= 5 nests theta and scaling under rope_parameters.
         rope = d.get("rope_parameters") or {}
         theta = float(rope.get("rope_theta", d.get("rope_theta", 10000.0)))
-        scaling = RopeScaling.from_hf(d.get("rope_scaling") or (rope if rope.get("rope_type") not in (None, "default") else None))
+        scaling = RopeScaling.from_hf(
+            d.get("rope_scaling") or (rope if rope.get("rope_type") not in (None, "default") else None)
+        )
         return ModelConfig(
             architecture=_MODEL_TYPES[model_type],
             vocab_size=int(d["vocab_size"]),

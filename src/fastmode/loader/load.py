@@ -19,7 +19,7 @@ WEIGHT_MODES = ("native", "native-int8", "dequantize")
 
 
 def resolve_dtype(dtype: str) -> str:
-    """"auto": bf16 on CUDA, fp32 on the CPU.
+    """ "auto": bf16 on CUDA, fp32 on the CPU.
 
     On the CPU the native kernels (a GGUF file's blocks times fp32 activations)
     are the fast path, and they compute in fp32. PyTorch's bf16 CPU path is
@@ -40,7 +40,9 @@ class LoadedModel:
     name: str
     path: Path
     dtype: torch.dtype
-    weight_format: str = "fp32"  # what the linear layers run on: "fp32", "bf16", or the GGUF block formats, e.g. "Q4_1+Q8_0"
+    weight_format: str = (
+        "fp32"  # what the linear layers run on: "fp32", "bf16", or the GGUF block formats, e.g. "Q4_1+Q8_0"
+    )
 
 
 def resolve_model_path(model: str | Path | None) -> tuple[Path, str]:
@@ -83,7 +85,7 @@ def _native_kernels(weights: str, torch_dtype: torch.dtype) -> bool:
 
 
 def weight_format(model: torch.nn.Module) -> str:
-    """"fp32", "bf16", or the block formats the linear layers run on (e.g. "Q4_1+Q8_0")."""
+    """ "fp32", "bf16", or the block formats the linear layers run on (e.g. "Q4_1+Q8_0")."""
     from fastmode.models.quant_linear import GGML_TYPES, QuantLinear
 
     names = {v: k for k, v in GGML_TYPES.items()}
@@ -149,5 +151,12 @@ def load_model(
         from fastmode.models.quant_linear import set_int8_activations
 
         set_int8_activations(net, True)
-    return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, name=name, path=path, dtype=torch_dtype,
-                       weight_format=weight_format(net))
+    return LoadedModel(
+        model=net,
+        tokenizer=tokenizer,
+        config=cfg,
+        name=name,
+        path=path,
+        dtype=torch_dtype,
+        weight_format=weight_format(net),
+    )

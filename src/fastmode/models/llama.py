@@ -101,8 +101,15 @@ class Attention(nn.Module):
         if self.kernels is not None and k_cache.dtype in KERNEL_KV_DTYPES:
             # RoPE and the K/V cache write in one op (the same one LlamaModel's fused decode uses).
             q = self.kernels.rope_qkv(
-                self.qkv_proj(x), rope[0].reshape(n, -1), rope[1].reshape(n, -1), self.num_heads,
-                self.num_kv_heads, self.head_dim, batch.slot_mapping, k_cache, v_cache,
+                self.qkv_proj(x),
+                rope[0].reshape(n, -1),
+                rope[1].reshape(n, -1),
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                batch.slot_mapping,
+                k_cache,
+                v_cache,
             )
         else:
             q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -140,8 +147,12 @@ class Attention(nn.Module):
         b = q.shape[0]
         if self.kernels is not None and k_cache.dtype in KERNEL_KV_DTYPES and batch.decode_context_lens is not None:
             o = self.kernels.paged_decode_attention(
-                q.reshape(b, self.num_heads, self.head_dim), k_cache, v_cache,
-                batch.decode_block_tables, batch.decode_context_lens, self.scale,
+                q.reshape(b, self.num_heads, self.head_dim),
+                k_cache,
+                v_cache,
+                batch.decode_block_tables,
+                batch.decode_context_lens,
+                self.scale,
             )
             return o.reshape(b, self.q_size)
         g = self.num_heads // self.num_kv_heads
@@ -237,9 +248,23 @@ class LlamaModel(nn.Module):
         def run(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             n = x.shape[0]
             return kernels.decode_layers(
-                x, norms, weights, qtypes, k_caches, v_caches, rope[0].reshape(n, -1), rope[1].reshape(n, -1),
-                batch.slot_mapping, batch.decode_block_tables, batch.decode_context_lens,
-                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, cfg.head_dim**-0.5, int8,
+                x,
+                norms,
+                weights,
+                qtypes,
+                k_caches,
+                v_caches,
+                rope[0].reshape(n, -1),
+                rope[1].reshape(n, -1),
+                batch.slot_mapping,
+                batch.decode_block_tables,
+                batch.decode_context_lens,
+                cfg.num_heads,
+                cfg.num_kv_heads,
+                cfg.head_dim,
+                cfg.rms_norm_eps,
+                cfg.head_dim**-0.5,
+                int8,
             )
 
         return run

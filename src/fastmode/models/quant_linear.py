@@ -32,7 +32,9 @@ class QuantTensor:
         if self.qtype not in BLOCK_BYTES:
             raise ValueError(f"unsupported ggml type id {self.qtype}")
         if k % 32 or tuple(self.data.shape) != (n, k // 32 * BLOCK_BYTES[self.qtype]) or self.data.dtype != torch.uint8:
-            raise ValueError(f"block data {tuple(self.data.shape)} {self.data.dtype} does not hold a {self.shape} weight")
+            raise ValueError(
+                f"block data {tuple(self.data.shape)} {self.data.dtype} does not hold a {self.shape} weight"
+            )
 
     def dequantize(self) -> torch.Tensor:
         """The exact fp32 values the blocks encode, (out_features, in_features)."""
@@ -43,7 +45,7 @@ class QuantTensor:
         return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).reshape(self.shape)
 
     @staticmethod
-    def quantize(w: torch.Tensor, qtype: int) -> "QuantTensor":
+    def quantize(w: torch.Tensor, qtype: int) -> QuantTensor:
         """Encode an fp32 (out_features, in_features) weight as ggml blocks with gguf's reference quantizer."""
         from gguf import GGMLQuantizationType
         from gguf.quants import quantize
@@ -53,7 +55,7 @@ class QuantTensor:
         return QuantTensor(torch.from_numpy(np.ascontiguousarray(data)), qtype, (n, k))
 
     @staticmethod
-    def cat_rows(parts: list["QuantTensor"]) -> "QuantTensor | None":
+    def cat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
         """Stack weights along the output dimension (fused q/k/v, gate/up); None if their formats differ."""
         if len({(p.qtype, p.shape[1]) for p in parts}) != 1:
             return None
@@ -89,7 +91,9 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = self._k.quant_matmul(x.reshape(-1, self.in_features).float(), self.qweight, self.qtype, self.int8_activations)
+        y = self._k.quant_matmul(
+            x.reshape(-1, self.in_features).float(), self.qweight, self.qtype, self.int8_activations
+        )
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
@@ -128,8 +132,12 @@ def quantize_layers(model: nn.Module, qtype: int = GGML_TYPES["Q8_0"], int8_acti
     the fused decode step. Used for Spark, whose layers are stored as int8 and would otherwise run as
     fp32 matmuls beside a natively quantized teacher."""
     for layer in getattr(model, "layers", []):
-        for parent, name in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
-                             (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):
+        for parent, name in (
+            (layer.self_attn, "qkv_proj"),
+            (layer.self_attn, "o_proj"),
+            (layer.mlp, "gate_up_proj"),
+            (layer.mlp, "down_proj"),
+        ):
             lin = getattr(parent, name)
             if isinstance(lin, nn.Linear) and lin.in_features % 32 == 0:
                 q = QuantLinear(QuantTensor.quantize(lin.weight, qtype), lin.bias, int8_activations)

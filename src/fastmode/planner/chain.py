@@ -20,8 +20,9 @@ Time per step = latency_s + tokens_per_step / tok_s; cost per step =
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 STRATEGIES = ("pipeline", "restart", "step")
 STRATEGY_TEXT = {
@@ -69,7 +70,7 @@ class Mode:
 
 def success_probability(p_step: float, n_steps: int) -> float:
     """p^n: the chance an n-step pipeline is right end to end in one go."""
-    return p_step ** n_steps
+    return p_step**n_steps
 
 
 def expected_steps(p_step: float, n_steps: int, strategy: str) -> float:
@@ -80,12 +81,12 @@ def expected_steps(p_step: float, n_steps: int, strategy: str) -> float:
         raise ValueError("need 0 < p_step <= 1 and n_steps >= 1")
     p, n = p_step, n_steps
     if strategy == "pipeline":
-        return n / p ** n
+        return n / p**n
     if strategy == "step":
         return n / p
     if p == 1:
         return float(n)
-    return (1 - p ** n) / ((1 - p) * p ** n)
+    return (1 - p**n) / ((1 - p) * p**n)
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,16 @@ class ChainResult:
 
 def evaluate_chain(mode: Mode, n_steps: int, strategy: str = "pipeline") -> ChainResult:
     steps = expected_steps(mode.p_step, n_steps, strategy)
-    return ChainResult(mode.name, strategy, n_steps, mode.p_step, success_probability(mode.p_step, n_steps),
-                       steps, steps * mode.step_time_s, steps * mode.step_cost_usd)
+    return ChainResult(
+        mode.name,
+        strategy,
+        n_steps,
+        mode.p_step,
+        success_probability(mode.p_step, n_steps),
+        steps,
+        steps * mode.step_time_s,
+        steps * mode.step_cost_usd,
+    )
 
 
 def seed_modes(tokens_per_step: int = 1000, latency_s: float = 0.0) -> list[Mode]:
@@ -121,10 +130,22 @@ def seed_modes(tokens_per_step: int = 1000, latency_s: float = 0.0) -> list[Mode
     return [
         Mode("standard", 0.9, 65.0, 25.0, note="Opus 4.6 standard: ~65 tok/s, $25/Mtok out", **common),
         Mode("fast", 0.9, 170.0, 150.0, note="Opus 4.6 fast mode: ~170 tok/s (2.5x), 6x price", **common),
-        Mode("spark-0.68", spark_low, 1000.0, 25.0,
-             note="Codex-Spark: 1000+ tok/s; p = 0.9 x 58.4/77.3; price assumed = standard", **common),
-        Mode("spark-0.75", 0.75, 1000.0, 25.0,
-             note="Codex-Spark with the articles' milder per-step guess 0.75; price assumed", **common),
+        Mode(
+            "spark-0.68",
+            spark_low,
+            1000.0,
+            25.0,
+            note="Codex-Spark: 1000+ tok/s; p = 0.9 x 58.4/77.3; price assumed = standard",
+            **common,
+        ),
+        Mode(
+            "spark-0.75",
+            0.75,
+            1000.0,
+            25.0,
+            note="Codex-Spark with the articles' milder per-step guess 0.75; price assumed",
+            **common,
+        ),
     ]
 
 
@@ -137,8 +158,10 @@ def seed_table(n_steps: int = 10) -> list[dict[str, Any]]:
         (0.75, "articles: milder Spark guess"),
         (0.8 * SPARK_BENCH / FULL_BENCH, "0.8 x 58.4/77.3 (Spark scaled from 80%; not in the articles)"),
     ]
-    return [{"p_step": p, "n_steps": n_steps, "p_success": success_probability(p, n_steps), "source": src}
-            for p, src in rows]
+    return [
+        {"p_step": p, "n_steps": n_steps, "p_success": success_probability(p, n_steps), "source": src}
+        for p, src in rows
+    ]
 
 
 def compare(modes: Iterable[Mode], n_steps: int, strategies: Iterable[str] = STRATEGIES) -> list[ChainResult]:

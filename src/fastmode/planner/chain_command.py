@@ -39,16 +39,24 @@ class ChainOptions:
     """What `fastmode chain` compares; each field is one flag."""
 
     steps: int = 10  # pipeline length n
-    mode: tuple[Mode, ...] = field(default=(), metadata={"parse": _parse_mode, "metavar": "NAME:P:TOK_S:USD_PER_MTOK"})  # a mode to compare; none given: the fast-mode articles' Opus 4.6 standard and fast, and Codex-Spark
-    strategy: str = field(default="all", metadata={"choices": ("pipeline", "restart", "step", "all")})  # retry strategy to price, or all of them
+    mode: tuple[Mode, ...] = field(
+        default=(), metadata={"parse": _parse_mode, "metavar": "NAME:P:TOK_S:USD_PER_MTOK"}
+    )  # a mode to compare; none given: the fast-mode articles' Opus 4.6 standard and fast, and Codex-Spark
+    strategy: str = field(
+        default="all", metadata={"choices": ("pipeline", "restart", "step", "all")}
+    )  # retry strategy to price, or all of them
     tokens_per_step: int = 1000  # output tokens per step
     latency_s: float = 0.0  # per-step TTFT + round trip (s)
     json: bool = False  # print one JSON object
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("chain", help="reliability calculator: p^n, time and cost to a correct result",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "chain",
+        help="reliability calculator: p^n, time and cost to a correct result",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_dataclass_args(p, ChainOptions, repeatable=("mode",), title="chain")
     p.set_defaults(func=run)
 
@@ -61,8 +69,9 @@ def build_report(args: argparse.Namespace) -> dict:
     if args.steps < 1:
         raise SystemExit("--steps must be >= 1")
     if args.mode:
-        modes = [dataclasses.replace(m, tokens_per_step=args.tokens_per_step,
-                                     latency_s=args.latency_s) for m in args.mode]
+        modes = [
+            dataclasses.replace(m, tokens_per_step=args.tokens_per_step, latency_s=args.latency_s) for m in args.mode
+        ]
     else:
         modes = seed_modes(args.tokens_per_step, args.latency_s)
     strategies = STRATEGIES if args.strategy == "all" else (args.strategy,)
@@ -80,14 +89,19 @@ def render_text(r: dict) -> str:
     lines = [f"p^n for n = {n} steps:"]
     lines += [f"  {row['p_step']:.3f}^{n} = {row['p_success'] * 100:5.1f}%   {row['source']}" for row in r["p_n_table"]]
     lines += ["", "modes:"]
-    lines += [f"  {m['name']:<11} p={m['p_step']:.3f}  {m['tok_s']:g} tok/s  ${m['usd_per_mtok']:g}/Mtok  "
-              f"{m['tokens_per_step']} tok/step  {m['note']}" for m in r["modes"]]
+    lines += [
+        f"  {m['name']:<11} p={m['p_step']:.3f}  {m['tok_s']:g} tok/s  ${m['usd_per_mtok']:g}/Mtok  "
+        f"{m['tokens_per_step']} tok/step  {m['note']}"
+        for m in r["modes"]
+    ]
     for strategy, text in r["strategies"].items():
-        lines += ["", f"strategy '{strategy}': {text}",
-                  "  mode         P(one go)   E[steps]   E[time] s   E[cost] $"]
-        lines += [f"  {x['mode']:<11} {x['p_success_once'] * 100:8.1f}%  {x['expected_steps']:9.1f}  "
-                  f"{x['expected_time_s']:10.1f}  {x['expected_cost_usd']:10.3f}"
-                  for x in r["results"] if x["strategy"] == strategy]
+        lines += ["", f"strategy '{strategy}': {text}", "  mode         P(one go)   E[steps]   E[time] s   E[cost] $"]
+        lines += [
+            f"  {x['mode']:<11} {x['p_success_once'] * 100:8.1f}%  {x['expected_steps']:9.1f}  "
+            f"{x['expected_time_s']:10.1f}  {x['expected_cost_usd']:10.3f}"
+            for x in r["results"]
+            if x["strategy"] == strategy
+        ]
     return "\n".join(lines)
 
 

@@ -31,7 +31,9 @@ class PlanOptions:
     model: str = field(metadata={"choices": model_names})  # catalog model
     hardware: str = field(default="h100", metadata={"choices": hardware_names})  # catalog hardware
     tp: str = "auto"  # devices the model is split over, or 'auto' (fewest that fit)
-    weight_format: str | None = field(default=None, metadata={"aliases": ("format",), "choices": lambda: sorted(FORMATS)})  # weight storage format (none: the model's)
+    weight_format: str | None = field(
+        default=None, metadata={"aliases": ("format",), "choices": lambda: sorted(FORMATS)}
+    )  # weight storage format (none: the model's)
     dtype_bytes: float | None = None  # store every tensor at this many bytes/param (overrides --format)
     kv_dtype_bytes: float = 2.0  # bytes per KV element
     batch: int = 1  # sequences decoding together
@@ -62,20 +64,38 @@ class PlanOptions:
 
 
 _GROUPS = {
-    "machine and load": ("model", "hardware", "tp", "weight_format", "dtype_bytes", "kv_dtype_bytes", "batch",
-                         "context", "calibration", "usd_per_hour"),
+    "machine and load": (
+        "model",
+        "hardware",
+        "tp",
+        "weight_format",
+        "dtype_bytes",
+        "kv_dtype_bytes",
+        "batch",
+        "context",
+        "calibration",
+        "usd_per_hour",
+    ),
     "speculative decoding": ("spec", "spec_acceptance", "spec_draft_len", "spec_draft_cost"),
     "sweeps and plots": ("sweep", "max_batch", "plot_dir"),
     "fleet recommendation (any --TIER-rps > 0 turns it on)": (
-        "prompt_tokens", "output_tokens", "ttft_quantile", "max_utilization",
-        *(f"{t}_{x}" for t in TIERS for x in ("rps", "min_tok_s", "max_ttft_s"))),
+        "prompt_tokens",
+        "output_tokens",
+        "ttft_quantile",
+        "max_utilization",
+        *(f"{t}_{x}" for t in TIERS for x in ("rps", "min_tok_s", "max_ttft_s")),
+    ),
     "output": ("json",),
 }
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("plan", help="predict speed and price of a model on a hardware (cost model)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "plan",
+        help="predict speed and price of a model on a hardware (cost model)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     for title, names in _GROUPS.items():
         add_dataclass_args(p, PlanOptions, only=names, title=title)
     p.set_defaults(func=run)
@@ -90,40 +110,65 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
 
     hw = load_hardware(args.hardware, args.calibration)
     model = load_model(args.model)
-    cost_kwargs = {"weight_format": args.weight_format, "dtype_bytes": args.dtype_bytes,
-                   "kv_dtype_bytes": args.kv_dtype_bytes}
+    cost_kwargs = {
+        "weight_format": args.weight_format,
+        "dtype_bytes": args.dtype_bytes,
+        "kv_dtype_bytes": args.kv_dtype_bytes,
+    }
     tp = None if str(args.tp) == "auto" else int(args.tp)
     cm = layout_for_load(hw, model, args.batch, args.context, tp, **cost_kwargs)
     spec = SpecConfig(args.spec_acceptance, args.spec_draft_len, args.spec_draft_cost) if args.spec else None
     point = evaluate(cm, args.batch, args.context, spec, usd_per_hour_per_device=args.usd_per_hour)
     report: dict[str, Any] = point.to_dict()
-    report.update({
-        "tp": cm.num_devices, "devices_needed": cm.devices_needed(args.batch, args.context),
-        "devices_needed_weights_only": cm.devices_needed(),
-        "weight_bytes": cm.weight_bytes, "kv_bytes_per_token": model.kv_bytes_per_token(args.kv_dtype_bytes),
-        "crossover_batch": cm.crossover_batch(args.context),
-        "calibration": args.calibration,
-        "assumptions": [
-            "decode only: every sequence at --context tokens; prefill not in the step time",
-            "$/Mtok counts output tokens; price per device-hour from the catalog unless --usd-per-hour",
-            "efficiencies eta_m/eta_c/overhead from the catalog or the calibration file",
-        ],
-    })
+    report.update(
+        {
+            "tp": cm.num_devices,
+            "devices_needed": cm.devices_needed(args.batch, args.context),
+            "devices_needed_weights_only": cm.devices_needed(),
+            "weight_bytes": cm.weight_bytes,
+            "kv_bytes_per_token": model.kv_bytes_per_token(args.kv_dtype_bytes),
+            "crossover_batch": cm.crossover_batch(args.context),
+            "calibration": args.calibration,
+            "assumptions": [
+                "decode only: every sequence at --context tokens; prefill not in the step time",
+                "$/Mtok counts output tokens; price per device-hour from the catalog unless --usd-per-hour",
+                "efficiencies eta_m/eta_c/overhead from the catalog or the calibration file",
+            ],
+        }
+    )
     if args.spec:
-        report["no_spec"] = {k: v for k, v in evaluate(cm, args.batch, args.context, None,
-                             usd_per_hour_per_device=args.usd_per_hour).to_dict().items()
-                             if k in ("step_time_s", "per_user_tok_s", "aggregate_tok_s", "usd_per_mtok")}
+        report["no_spec"] = {
+            k: v
+            for k, v in evaluate(cm, args.batch, args.context, None, usd_per_hour_per_device=args.usd_per_hour)
+            .to_dict()
+            .items()
+            if k in ("step_time_s", "per_user_tok_s", "aggregate_tok_s", "usd_per_mtok")
+        }
     batches = power_of_two_batches(args.max_batch)
     if args.sweep or args.plot_dir:
-        report["bus_curve"] = [p.to_dict() for p in bus_curve(cm, batches, args.context, spec,
-                                                               args.usd_per_hour)]
-    demands = [TierDemand(t, getattr(args, f"{t}_rps"), args.prompt_tokens, args.output_tokens,
-                          getattr(args, f"{t}_min_tok_s"), getattr(args, f"{t}_max_ttft_s"))
-               for t in TIERS if getattr(args, f"{t}_rps") > 0]
+        report["bus_curve"] = [p.to_dict() for p in bus_curve(cm, batches, args.context, spec, args.usd_per_hour)]
+    demands = [
+        TierDemand(
+            t,
+            getattr(args, f"{t}_rps"),
+            args.prompt_tokens,
+            args.output_tokens,
+            getattr(args, f"{t}_min_tok_s"),
+            getattr(args, f"{t}_max_ttft_s"),
+        )
+        for t in TIERS
+        if getattr(args, f"{t}_rps") > 0
+    ]
     if demands:
-        fleet = recommend_fleet(cm, demands, spec or SpecConfig(args.spec_acceptance, args.spec_draft_len,
-                                args.spec_draft_cost), batches, args.max_utilization, args.ttft_quantile,
-                                args.usd_per_hour)
+        fleet = recommend_fleet(
+            cm,
+            demands,
+            spec or SpecConfig(args.spec_acceptance, args.spec_draft_len, args.spec_draft_cost),
+            batches,
+            args.max_utilization,
+            args.ttft_quantile,
+            args.usd_per_hour,
+        )
         report["fleet"] = fleet.to_dict()
     if args.plot_dir:
         report["plots"] = _write_plots(args, cm, model, batches, spec, cost_kwargs)
@@ -146,8 +191,11 @@ def _write_plots(args, cm, model, batches, spec, cost_kwargs) -> list[str]:
             continue  # the local CPU only belongs on the plot when asked about
         price = args.usd_per_hour if name == args.hardware else None
         series[name] = frontier(hw, model, batches, args.context, spec, price, **cost_kwargs)
-    paths.append(plot_frontier(series, out / "frontier.png",
-                               f"{model.name}: per-user speed vs price, {args.context}-token context"))
+    paths.append(
+        plot_frontier(
+            series, out / "frontier.png", f"{model.name}: per-user speed vs price, {args.context}-token context"
+        )
+    )
     return [str(p) for p in paths]
 
 
@@ -173,18 +221,24 @@ def render_text(r: dict[str, Any]) -> str:
         f"  price            {_fmt(r['usd_per_mtok'])} $/Mtok at {_fmt(r['usd_per_hour'])} $/h{est}",
         f"  fits             {r['fits']} ({_fmt(r['memory_per_device_bytes'] / 1e9)} GB per device; "
         f"needs {r['devices_needed']} device(s), {r['devices_needed_weights_only']} for weights alone)",
-        f"  compute-bound from batch {r['crossover_batch']} at this context" if r["crossover_batch"] else
-        "  memory-bound at every batch at this context (each sequence's KV read outweighs its FLOPs)",
+        f"  compute-bound from batch {r['crossover_batch']} at this context"
+        if r["crossover_batch"]
+        else "  memory-bound at every batch at this context (each sequence's KV read outweighs its FLOPs)",
     ]
     if r.get("speculative"):
         s = r["speculative"]
-        lines.append(f"  speculation      a={s['acceptance']} k={s['draft_len']} c={s['draft_cost_ratio']}: "
-                     f"{_fmt(s['expected_tokens'])} tokens/verify, speed-up {_fmt(s['speedup'])}x "
-                     f"(closed form {_fmt(s['closed_form_speedup'])}x)")
+        lines.append(
+            f"  speculation      a={s['acceptance']} k={s['draft_len']} c={s['draft_cost_ratio']}: "
+            f"{_fmt(s['expected_tokens'])} tokens/verify, speed-up {_fmt(s['speedup'])}x "
+            f"(closed form {_fmt(s['closed_form_speedup'])}x)"
+        )
     if r.get("bus_curve"):
         lines += ["", "  batch  per-user tok/s  aggregate tok/s     $/Mtok  bound"]
-        lines += [f"  {p['batch']:>5}  {p['per_user_tok_s']:>14,.1f}  {p['aggregate_tok_s']:>15,.0f}  "
-                  f"{_fmt(p['usd_per_mtok']):>9}  {p['bound']}" for p in r["bus_curve"]]
+        lines += [
+            f"  {p['batch']:>5}  {p['per_user_tok_s']:>14,.1f}  {p['aggregate_tok_s']:>15,.0f}  "
+            f"{_fmt(p['usd_per_mtok']):>9}  {p['bound']}"
+            for p in r["bus_curve"]
+        ]
     if r.get("fleet"):
         f = r["fleet"]
         lines += ["", f"  fleet (TTFT at p{int(f['ttft_quantile'] * 100)}, utilisation <= {f['max_utilization']}):"]
@@ -192,9 +246,11 @@ def render_text(r: dict[str, Any]) -> str:
             if not t["feasible"]:
                 lines.append(f"    {t['tier']:<9} infeasible: {t['reason']}")
                 continue
-            lines.append(f"    {t['tier']:<9} {t['replicas']} replica(s) x {r['devices']} dev, batch cap {t['batch_cap']}, "
-                         f"spec {'on' if t['speculative'] else 'off'}: {_fmt(t['per_user_tok_s'])} tok/s/user, "
-                         f"TTFT {_fmt(t['ttft_s'])} s, util {_fmt(t['utilization'])}, {_fmt(t['usd_per_mtok'])} $/Mtok")
+            lines.append(
+                f"    {t['tier']:<9} {t['replicas']} replica(s) x {r['devices']} dev, batch cap {t['batch_cap']}, "
+                f"spec {'on' if t['speculative'] else 'off'}: {_fmt(t['per_user_tok_s'])} tok/s/user, "
+                f"TTFT {_fmt(t['ttft_s'])} s, util {_fmt(t['utilization'])}, {_fmt(t['usd_per_mtok'])} $/Mtok"
+            )
         lines.append(f"    total {_fmt(f['usd_per_hour'])} $/h on {f['devices']} devices")
         lines += [f"    note: {n}" for n in f["notes"]]
     if r.get("plots"):

@@ -23,9 +23,9 @@ Pure Python + numpy: this module must never import torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Sequence
 
 import numpy as np
 
@@ -85,8 +85,11 @@ class CostModel:
     num_devices: int = field(init=False)
 
     def __post_init__(self) -> None:
-        fmt = (WeightFormat.uniform(self.dtype_bytes) if self.dtype_bytes
-               else resolve_format(self.weight_format or self.model.default_format))
+        fmt = (
+            WeightFormat.uniform(self.dtype_bytes)
+            if self.dtype_bytes
+            else resolve_format(self.weight_format or self.model.default_format)
+        )
         object.__setattr__(self, "fmt", fmt)
         if self.kv_dtype_bytes <= 0:
             raise ValueError("kv_dtype_bytes must be > 0")
@@ -169,8 +172,12 @@ class CostModel:
         raise ValueError("the KV load grows faster than the devices added: it never fits")
 
     # ---- step time ------------------------------------------------------------
-    def step_cost(self, prefill_chunks: Sequence[tuple[int, int]] = (),
-                  decode_context_lens: Sequence[int] = (), tokens_per_decode_seq: int = 1) -> StepCost:
+    def step_cost(
+        self,
+        prefill_chunks: Sequence[tuple[int, int]] = (),
+        decode_context_lens: Sequence[int] = (),
+        tokens_per_decode_seq: int = 1,
+    ) -> StepCost:
         """Cost of one step.
 
         prefill_chunks: (num_tokens, context_before) per prefilling sequence.
@@ -209,12 +216,21 @@ class CostModel:
         mem_s = bytes_moved / (width * (self.eta_m or hw.eta_m) * hw.mem_bw_bytes_per_s)
         comp_s = flops / (width * (self.eta_c or hw.eta_c) * hw.peak_flops(self.fmt.compute_dtype))
         floor_s = m.num_layers * hw.layer_floor_s
-        overhead_s = (hw.overhead_s + hw.per_token_s * rows + hw.per_seq_s * (len(chunks) + len(ctx))
-                      + hw.per_kv_token_s * kv_held)  # the last two are 0 unless calibrated (fastmode calibrate)
+        overhead_s = (
+            hw.overhead_s
+            + hw.per_token_s * rows
+            + hw.per_seq_s * (len(chunks) + len(ctx))
+            + hw.per_kv_token_s * kv_held
+        )  # the last two are 0 unless calibrated (fastmode calibrate)
         return StepCost(mem_s, comp_s, floor_s, self._comm_s(tokens), overhead_s, bytes_moved, flops, tokens)
 
-    def step_s(self, num_prefill_tokens: int = 0, decode_context_lens: Sequence[int] = (),
-               prefill_context_before: int = 0, tokens_per_decode_seq: int = 1) -> float:
+    def step_s(
+        self,
+        num_prefill_tokens: int = 0,
+        decode_context_lens: Sequence[int] = (),
+        prefill_context_before: int = 0,
+        tokens_per_decode_seq: int = 1,
+    ) -> float:
         """Seconds for a mixed step: one prefill chunk plus a decode batch."""
         chunks = [(num_prefill_tokens, prefill_context_before)] if num_prefill_tokens else []
         return self.step_cost(chunks, decode_context_lens, tokens_per_decode_seq).total_s
@@ -242,8 +258,10 @@ class CostModel:
         Long contexts can keep decode memory-bound at any batch: each sequence's KV
         read then costs more time than its FLOPs.
         """
+
         def compute_bound(b: int) -> bool:
             return self.step_cost((), np.full(b, context_len)).bound == "compute"
+
         lo, hi = 1, 1
         while not compute_bound(hi):
             if hi >= 1 << 20:

@@ -22,8 +22,9 @@ It then keeps the cheapest (B, speculation) per tier.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from fastmode.planner.cost_model import CostModel
 from fastmode.planner.operating_point import evaluate, power_of_two_batches
@@ -83,14 +84,25 @@ class FleetPlan:
         return sum(t.devices for t in self.tiers if t.feasible)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tiers": [asdict(t) for t in self.tiers], "usd_per_hour": self.usd_per_hour,
-                "devices": self.devices, "ttft_quantile": self.ttft_quantile,
-                "max_utilization": self.max_utilization, "notes": list(self.notes)}
+        return {
+            "tiers": [asdict(t) for t in self.tiers],
+            "usd_per_hour": self.usd_per_hour,
+            "devices": self.devices,
+            "ttft_quantile": self.ttft_quantile,
+            "max_utilization": self.max_utilization,
+            "notes": list(self.notes),
+        }
 
 
-def plan_tier(cm: CostModel, demand: TierDemand, spec=None, batch_caps: Sequence[int] | None = None,
-              max_utilization: float = 0.85, ttft_quantile: float = 0.9,
-              usd_per_hour_per_device: float | None = None) -> TierPlan:
+def plan_tier(
+    cm: CostModel,
+    demand: TierDemand,
+    spec=None,
+    batch_caps: Sequence[int] | None = None,
+    max_utilization: float = 0.85,
+    ttft_quantile: float = 0.9,
+    usd_per_hour_per_device: float | None = None,
+) -> TierPlan:
     """Cheapest (replicas, batch cap, speculation) for one tier; see the module docstring."""
     if demand.arrival_rate_rps == 0:
         return TierPlan(demand.name, True, "no traffic")
@@ -103,13 +115,22 @@ def plan_tier(cm: CostModel, demand: TierDemand, spec=None, batch_caps: Sequence
     for b in caps:
         if not cm.fits(b, demand.prompt_tokens + demand.output_tokens):
             continue
-        for spec_cfg in ([None, spec] if spec is not None else [None]):
+        for spec_cfg in [None, spec] if spec is not None else [None]:
             point = evaluate(cm, b, ctx, spec_cfg, usd_per_hour_per_device=usd_per_hour_per_device)
             fastest_seen = max(fastest_seen, point.per_user_tok_s)
             if point.per_user_tok_s < demand.min_tok_s:
                 continue
-            plan = _fewest_replicas(cm, demand, b, spec_cfg is not None, point.per_user_tok_s, t_prefill,
-                                    max_utilization, ttft_quantile, price)
+            plan = _fewest_replicas(
+                cm,
+                demand,
+                b,
+                spec_cfg is not None,
+                point.per_user_tok_s,
+                t_prefill,
+                max_utilization,
+                ttft_quantile,
+                price,
+            )
             if plan is not None and (best is None or _cheaper(plan, best)):
                 best = plan
     if best is not None:
@@ -121,8 +142,17 @@ def plan_tier(cm: CostModel, demand: TierDemand, spec=None, batch_caps: Sequence
     return TierPlan(demand.name, False, why)
 
 
-def _fewest_replicas(cm: CostModel, d: TierDemand, batch: int, speculative: bool, speed: float,
-                     t_prefill: float, max_util: float, q: float, price: float | None) -> TierPlan | None:
+def _fewest_replicas(
+    cm: CostModel,
+    d: TierDemand,
+    batch: int,
+    speculative: bool,
+    speed: float,
+    t_prefill: float,
+    max_util: float,
+    q: float,
+    price: float | None,
+) -> TierPlan | None:
     slots_per_replica = batch * cm.microbatches_in_flight
     lam = d.arrival_rate_rps
     r = max(1, math.ceil(lam * (t_prefill + d.output_tokens / speed) / (slots_per_replica * max_util)))
@@ -138,8 +168,9 @@ def _fewest_replicas(cm: CostModel, d: TierDemand, batch: int, speculative: bool
                 devices = r * cm.num_devices
                 usd_h = None if price is None else devices * price
                 usd_mtok = None if usd_h is None else usd_h / (3600 * lam * d.output_tokens) * 1e6
-                return TierPlan(d.name, True, "", r, batch, speculative,
-                                devices, user_speed, ttft, util, usd_h, usd_mtok)
+                return TierPlan(
+                    d.name, True, "", r, batch, speculative, devices, user_speed, ttft, util, usd_h, usd_mtok
+                )
             if ttft > d.max_ttft_s and wait_quantile_s(servers, lam, hold_s, q) == 0 and util <= max_util:
                 return None  # prefill alone breaks the TTFT SLO; more replicas will not help
         r += 1 if r < 64 else max(1, r // 16)  # coarser steps for huge pools keep the search fast
@@ -153,12 +184,19 @@ def _cheaper(a: TierPlan, b: TierPlan) -> bool:
     return (ka, -a.per_user_tok_s) < (kb, -b.per_user_tok_s)
 
 
-def recommend_fleet(cm: CostModel, demands: Sequence[TierDemand], spec=None,
-                    batch_caps: Sequence[int] | None = None, max_utilization: float = 0.85,
-                    ttft_quantile: float = 0.9, usd_per_hour_per_device: float | None = None) -> FleetPlan:
+def recommend_fleet(
+    cm: CostModel,
+    demands: Sequence[TierDemand],
+    spec=None,
+    batch_caps: Sequence[int] | None = None,
+    max_utilization: float = 0.85,
+    ttft_quantile: float = 0.9,
+    usd_per_hour_per_device: float | None = None,
+) -> FleetPlan:
     """Plan every tier independently (dedicated pools) and collect the result."""
-    tiers = tuple(plan_tier(cm, d, spec, batch_caps, max_utilization, ttft_quantile, usd_per_hour_per_device)
-                  for d in demands)
+    tiers = tuple(
+        plan_tier(cm, d, spec, batch_caps, max_utilization, ttft_quantile, usd_per_hour_per_device) for d in demands
+    )
     notes = (
         "each tier is a dedicated pool; step time taken at a full batch (conservative)",
         "queueing: M/M/c over batch slots (Erlang C); exponential service times",

@@ -82,9 +82,18 @@ class Hardware:
         for name in ("eta_m", "eta_c", "usable_mem_frac"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{self.name}: {name} must be in (0, 1]")
-        for name in ("link_bw_bytes_per_s", "allreduce_latency_s", "scaleout_bw_bytes_per_s",
-                     "scaleout_latency_s", "overhead_s", "per_token_s", "per_seq_s", "per_kv_token_s",
-                     "layer_floor_s", "hop_latency_s"):
+        for name in (
+            "link_bw_bytes_per_s",
+            "allreduce_latency_s",
+            "scaleout_bw_bytes_per_s",
+            "scaleout_latency_s",
+            "overhead_s",
+            "per_token_s",
+            "per_seq_s",
+            "per_kv_token_s",
+            "layer_floor_s",
+            "hop_latency_s",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{self.name}: {name} must be >= 0")
         if self.scaleup_domain < 1:
@@ -97,8 +106,10 @@ class Hardware:
         if self.small_step_max_tokens < 0:
             raise ValueError(f"{self.name}: small_step_max_tokens must be >= 0")
         if bool(self.small_step_max_tokens) != bool(self.small_step):
-            raise ValueError(f"{self.name}: small_step_max_tokens and small_step come together (a split needs "
-                             "the small steps' figures, and figures need a split)")
+            raise ValueError(
+                f"{self.name}: small_step_max_tokens and small_step come together (a split needs "
+                "the small steps' figures, and figures need a split)"
+            )
         unknown = set(self.small_step) - set(REGIME_FIELDS)
         if unknown:
             raise ValueError(f"{self.name}: small_step may set only {REGIME_FIELDS}, not {sorted(unknown)}")
@@ -106,10 +117,10 @@ class Hardware:
             self._small  # noqa: B018 -- builds the small-step figures, so out-of-range values fail here
 
     @cached_property
-    def _small(self) -> "Hardware":
+    def _small(self) -> Hardware:
         return dataclasses.replace(self, small_step_max_tokens=0, small_step={}, token_tile=0, **self.small_step)
 
-    def at_step_tokens(self, tokens: int) -> "Hardware":
+    def at_step_tokens(self, tokens: int) -> Hardware:
         """The figures that price a step processing `tokens` tokens: `small_step`'s up to
         `small_step_max_tokens`, this entry's own above."""
         return self._small if 0 < tokens <= self.small_step_max_tokens else self
@@ -127,18 +138,30 @@ class Hardware:
     def usable_mem_bytes(self) -> float:
         return self.mem_bytes * self.usable_mem_frac
 
-    def slowed(self, factor: float) -> "Hardware":
+    def slowed(self, factor: float) -> Hardware:
         """This machine with every time it takes multiplied by `factor` (rates divided by it):
         e.g. re-anchoring a calibration to a shared machine that runs 20% slower now (1.2)."""
         if factor <= 0:
             raise ValueError("factor must be > 0")
-        times = ("allreduce_latency_s", "scaleout_latency_s", "overhead_s", "per_token_s", "per_seq_s",
-                 "per_kv_token_s", "layer_floor_s", "hop_latency_s")
+        times = (
+            "allreduce_latency_s",
+            "scaleout_latency_s",
+            "overhead_s",
+            "per_token_s",
+            "per_seq_s",
+            "per_kv_token_s",
+            "layer_floor_s",
+            "hop_latency_s",
+        )
         rates = ("mem_bw_bytes_per_s", "link_bw_bytes_per_s", "scaleout_bw_bytes_per_s")
         small = {k: v * factor if k in times else v / factor if k in rates else v for k, v in self.small_step.items()}
-        return dataclasses.replace(self, peak_tflops={k: v / factor for k, v in self.peak_tflops.items()},
-                                   **{k: getattr(self, k) * factor for k in times},
-                                   **{k: getattr(self, k) / factor for k in rates}, small_step=small)
+        return dataclasses.replace(
+            self,
+            peak_tflops={k: v / factor for k, v in self.peak_tflops.items()},
+            **{k: getattr(self, k) * factor for k in times},
+            **{k: getattr(self, k) / factor for k in rates},
+            small_step=small,
+        )
 
     def peak_flops(self, compute_dtype: str) -> float:
         """Peak FLOP/s for a compute dtype; falls back to bf16 when the device lacks it."""
@@ -162,8 +185,16 @@ CALIBRATION_FIELDS: dict[str, tuple[str, float]] = {
     "usd_per_hour": ("usd_per_hour", 1.0),
 }
 # Provenance keys: recorded, never applied.
-CALIBRATION_INFO_KEYS = ("hardware", "fitted_from", "created", "model", "weight_format", "notes", "points",
-                         "speculative_max_batch")  # an engine setting derived from the fit (fastmode calibrate)
+CALIBRATION_INFO_KEYS = (
+    "hardware",
+    "fitted_from",
+    "created",
+    "model",
+    "weight_format",
+    "notes",
+    "points",
+    "speculative_max_batch",
+)  # an engine setting derived from the fit (fastmode calibrate)
 # The kernel-regime split: {"small_step_max_tokens": 8, "small_step": {calibration keys of REGIME_FIELDS}}.
 SMALL_STEP_KEYS = ("small_step_max_tokens", "small_step")
 
@@ -176,8 +207,10 @@ def _overrides(d: dict[str, Any], where: str, allowed: tuple[str, ...] | None = 
             continue
         name, scale = CALIBRATION_FIELDS[k]
         if allowed is not None and name not in allowed:
-            raise ValueError(f"calibration {where}: small_step cannot set {k!r} (only the engine's own figures: "
-                             f"{sorted(c for c, (f, _) in CALIBRATION_FIELDS.items() if f in allowed)})")
+            raise ValueError(
+                f"calibration {where}: small_step cannot set {k!r} (only the engine's own figures: "
+                f"{sorted(c for c, (f, _) in CALIBRATION_FIELDS.items() if f in allowed)})"
+            )
         out[name] = float(v) * scale
     return out
 
@@ -200,7 +233,7 @@ class Calibration:
             raise ValueError(f"calibration overrides unknown fields: {sorted(unknown)}")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], path: str = "") -> "Calibration":
+    def from_dict(cls, d: dict[str, Any], path: str = "") -> Calibration:
         where = path or "(dict)"
         if "hardware" not in d:
             raise ValueError(f"calibration {where}: missing 'hardware'")
@@ -219,11 +252,17 @@ class Calibration:
         if bool(split) != bool(small):
             raise ValueError(f"calibration {where}: small_step_max_tokens and small_step come together")
         fitted = d.get("fitted_from", "")
-        return cls(str(d["hardware"]), _overrides(d, where), fitted if isinstance(fitted, str) else json.dumps(fitted),
-                   path, split, _overrides(small, where, REGIME_FIELDS))
+        return cls(
+            str(d["hardware"]),
+            _overrides(d, where),
+            fitted if isinstance(fitted, str) else json.dumps(fitted),
+            path,
+            split,
+            _overrides(small, where, REGIME_FIELDS),
+        )
 
     @classmethod
-    def load(cls, path: str | Path) -> "Calibration":
+    def load(cls, path: str | Path) -> Calibration:
         return cls.from_dict(json.loads(Path(path).read_text()), str(path))
 
     def apply(self, hw: Hardware) -> Hardware:
@@ -231,9 +270,14 @@ class Calibration:
         kernel-regime split replaces the entry's split; one without keeps the entry's."""
         if self.hardware != hw.name:
             raise ValueError(f"calibration is for {self.hardware!r}, not {hw.name!r}")
-        note = f"calibration file {self.path or '(inline)'}" + (f", fitted from {self.fitted_from}" if self.fitted_from else "")
+        note = f"calibration file {self.path or '(inline)'}" + (
+            f", fitted from {self.fitted_from}" if self.fitted_from else ""
+        )
         changed = list(self.overrides) + (list(SMALL_STEP_KEYS) if self.small_step_max_tokens else [])
         sources = dict(hw.sources) | {k: note for k in changed}
-        split = ({"small_step_max_tokens": self.small_step_max_tokens, "small_step": dict(self.small_step)}
-                 if self.small_step_max_tokens else {})
+        split = (
+            {"small_step_max_tokens": self.small_step_max_tokens, "small_step": dict(self.small_step)}
+            if self.small_step_max_tokens
+            else {}
+        )
         return dataclasses.replace(hw, **self.overrides, **split, sources=sources)

@@ -170,12 +170,12 @@ class ModelSpec:
         return self.kv_tokens_held(context_tokens) * self.kv_bytes_per_token(kv_dtype_bytes)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
+    def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
         """Build from a catalog entry (unknown keys are an error: they are typos)."""
         return cls(**d)
 
     @classmethod
-    def from_config(cls, name: str, config: Any, default_format: str = "bf16") -> "ModelSpec":
+    def from_config(cls, name: str, config: Any, default_format: str = "bf16") -> ModelSpec:
         """Build from any object with Llama-style fields (e.g. fastmode.config.ModelConfig)."""
         return cls(
             name=name,

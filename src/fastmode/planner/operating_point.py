@@ -14,8 +14,9 @@ engine's metering and ignored here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -53,8 +54,14 @@ class OperatingPoint:
         return asdict(self)
 
 
-def evaluate(cm: CostModel, batch: int, context_tokens: int, spec: SpecConfig | None = None,
-             draft: CostModel | None = None, usd_per_hour_per_device: float | None = None) -> OperatingPoint:
+def evaluate(
+    cm: CostModel,
+    batch: int,
+    context_tokens: int,
+    spec: SpecConfig | None = None,
+    draft: CostModel | None = None,
+    usd_per_hour_per_device: float | None = None,
+) -> OperatingPoint:
     """Decode speed and price for `batch` sequences at `context_tokens` each.
 
     `usd_per_hour_per_device` overrides the catalog price (needed where none is public).
@@ -69,10 +76,16 @@ def evaluate(cm: CostModel, batch: int, context_tokens: int, spec: SpecConfig | 
     else:
         cycle = spec_cycle(cm, ctx, spec, draft)
         step_s, tokens_per_seq = cycle.cycle_s, cycle.tokens_per_seq
-        spec_info = {"acceptance": spec.acceptance, "draft_len": spec.draft_len,
-                     "draft_cost_ratio": spec.draft_cost_ratio, "expected_tokens": cycle.tokens_per_seq,
-                     "speedup": cycle.speedup, "closed_form_speedup": spec.closed_form_speedup,
-                     "verify_s": cycle.verify_s, "draft_s": cycle.draft_s}
+        spec_info = {
+            "acceptance": spec.acceptance,
+            "draft_len": spec.draft_len,
+            "draft_cost_ratio": spec.draft_cost_ratio,
+            "expected_tokens": cycle.tokens_per_seq,
+            "speedup": cycle.speedup,
+            "closed_form_speedup": spec.closed_form_speedup,
+            "verify_s": cycle.verify_s,
+            "draft_s": cycle.draft_s,
+        }
     per_user = tokens_per_seq / step_s
     aggregate = per_user * batch * cm.microbatches_in_flight
     hw = cm.hardware
@@ -80,19 +93,38 @@ def evaluate(cm: CostModel, batch: int, context_tokens: int, spec: SpecConfig | 
     total_price = None if price is None else price * cm.num_devices
     usd_per_mtok = None if total_price is None else total_price / (3600.0 * aggregate) * 1e6
     return OperatingPoint(
-        model=cm.model.name, hardware=hw.name, weight_format=cm.fmt.name, devices=cm.num_devices,
-        batch=batch, microbatches=cm.microbatches_in_flight, context_tokens=context_tokens,
-        step_time_s=step_s, per_user_tok_s=per_user, aggregate_tok_s=aggregate,
-        usd_per_hour=total_price, usd_per_mtok=usd_per_mtok,
+        model=cm.model.name,
+        hardware=hw.name,
+        weight_format=cm.fmt.name,
+        devices=cm.num_devices,
+        batch=batch,
+        microbatches=cm.microbatches_in_flight,
+        context_tokens=context_tokens,
+        step_time_s=step_s,
+        per_user_tok_s=per_user,
+        aggregate_tok_s=aggregate,
+        usd_per_hour=total_price,
+        usd_per_mtok=usd_per_mtok,
         price_is_estimate=hw.price_is_estimate and usd_per_hour_per_device is None,
-        fits=cm.fits(batch, context_tokens), memory_per_device_bytes=cm.memory_per_device_bytes(batch, context_tokens),
-        bound=cost.bound, mem_s=cost.mem_s, comp_s=cost.comp_s, comm_s=cost.comm_s, overhead_s=cost.overhead_s,
+        fits=cm.fits(batch, context_tokens),
+        memory_per_device_bytes=cm.memory_per_device_bytes(batch, context_tokens),
+        bound=cost.bound,
+        mem_s=cost.mem_s,
+        comp_s=cost.comp_s,
+        comm_s=cost.comm_s,
+        overhead_s=cost.overhead_s,
         speculative=spec_info,
     )
 
 
-def bus_curve(cm: CostModel, batches: Iterable[int], context_tokens: int, spec: SpecConfig | None = None,
-              usd_per_hour_per_device: float | None = None, only_fitting: bool = True) -> list[OperatingPoint]:
+def bus_curve(
+    cm: CostModel,
+    batches: Iterable[int],
+    context_tokens: int,
+    spec: SpecConfig | None = None,
+    usd_per_hour_per_device: float | None = None,
+    only_fitting: bool = True,
+) -> list[OperatingPoint]:
     """`evaluate` over a batch sweep; drops batches whose KV does not fit unless told not to."""
     points = [evaluate(cm, b, context_tokens, spec, usd_per_hour_per_device=usd_per_hour_per_device) for b in batches]
     return [p for p in points if p.fits or not only_fitting]
@@ -107,8 +139,9 @@ def power_of_two_batches(max_batch: int) -> list[int]:
     return out + [max_batch]
 
 
-def layout_for_load(hardware, model, batch: int, context_tokens: int, tp: int | None = None,
-                    **cost_kwargs) -> CostModel:
+def layout_for_load(
+    hardware, model, batch: int, context_tokens: int, tp: int | None = None, **cost_kwargs
+) -> CostModel:
     """A CostModel on the fewest devices that hold weights plus this batch's KV.
 
     GPUs round up to a power of two (tensor parallel must divide the heads);
@@ -125,9 +158,16 @@ def layout_for_load(hardware, model, batch: int, context_tokens: int, tp: int | 
     return CostModel(hardware, model, tp=devices, **cost_kwargs)
 
 
-def frontier(hardware, model, batches: Iterable[int], context_tokens: int, spec: SpecConfig | None = None,
-             usd_per_hour_per_device: float | None = None, max_devices: int = 4096,
-             **cost_kwargs) -> list[OperatingPoint]:
+def frontier(
+    hardware,
+    model,
+    batches: Iterable[int],
+    context_tokens: int,
+    spec: SpecConfig | None = None,
+    usd_per_hour_per_device: float | None = None,
+    max_devices: int = 4096,
+    **cost_kwargs,
+) -> list[OperatingPoint]:
     """The speed/price menu one kind of hardware can offer: Pareto-optimal points.
 
     Candidates are every batch in `batches` on every layout from the fewest devices
@@ -159,6 +199,7 @@ def pareto(points: Iterable[OperatingPoint]) -> list[OperatingPoint]:
 
     Without prices, cost per token is compared as devices / aggregate tok/s.
     """
+
     def cost(p: OperatingPoint) -> float:
         return p.usd_per_mtok if p.usd_per_mtok is not None else p.devices / p.aggregate_tok_s
 

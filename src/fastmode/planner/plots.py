@@ -6,8 +6,8 @@ that importing the planner stays cheap.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from fastmode.planner.operating_point import OperatingPoint
 
@@ -36,7 +36,9 @@ def plot_bus_curve(points: Sequence[OperatingPoint], path: str | Path, title: st
     ax_agg.plot(batches, [p.aggregate_tok_s for p in points], "s--", color="tab:red", label="aggregate tok/s")
     ax_agg.set_ylabel("aggregate tok/s", color="tab:red")
     p0 = points[0]
-    ax_user.set_title(title or f"bus curve: {p0.model} on {p0.devices}x {p0.hardware}, {p0.context_tokens}-token context")
+    ax_user.set_title(
+        title or f"bus curve: {p0.model} on {p0.devices}x {p0.hardware}, {p0.context_tokens}-token context"
+    )
     ax_user.grid(True, which="both", alpha=0.3)
     return _save(fig, path)
 
@@ -61,8 +63,13 @@ def plot_frontier(series: Mapping[str, Sequence[OperatingPoint]], path: str | Pa
         label = f"{name} ({devices} dev{', est. price' if pts[0].price_is_estimate else ''})"
         ax.plot(xs, ys, style, marker="o", markersize=3, label=label)
         for p in (pts[0], pts[-1]) if len(pts) > 1 else pts[:1]:
-            ax.annotate(f"B={p.batch}" + (f"/{p.devices}d" if lo != hi else ""), (p.per_user_tok_s, p.usd_per_mtok), fontsize=7,
-                        textcoords="offset points", xytext=(3, 3))
+            ax.annotate(
+                f"B={p.batch}" + (f"/{p.devices}d" if lo != hi else ""),
+                (p.per_user_tok_s, p.usd_per_mtok),
+                fontsize=7,
+                textcoords="offset points",
+                xytext=(3, 3),
+            )
         drawn += 1
     if not drawn:
         plt.close(fig)

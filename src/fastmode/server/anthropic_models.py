@@ -71,8 +71,11 @@ def chat_messages(messages: list[InputMessage]) -> list[dict]:
         if m.role == "assistant":
             if any(isinstance(b, ToolResultBlock) for b in blocks):
                 raise ApiError("invalid_request", f"messages[{i}]: tool_result blocks belong in user messages")
-            calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input}}
-                     for b in blocks if isinstance(b, ToolUseBlock)]
+            calls = [
+                {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input}}
+                for b in blocks
+                if isinstance(b, ToolUseBlock)
+            ]
             msg: dict[str, Any] = {"role": "assistant", "content": m.text()}
             if calls:
                 msg["tool_calls"] = calls
@@ -80,8 +83,11 @@ def chat_messages(messages: list[InputMessage]) -> list[dict]:
             continue
         if any(isinstance(b, ToolUseBlock) for b in blocks):
             raise ApiError("invalid_request", f"messages[{i}]: tool_use blocks belong in assistant messages")
-        out += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
-                for b in blocks if isinstance(b, ToolResultBlock)]
+        out += [
+            {"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
+            for b in blocks
+            if isinstance(b, ToolResultBlock)
+        ]
         text = [b for b in blocks if isinstance(b, TextBlock)]
         if text or not out or out[-1]["role"] != "tool":
             out.append({"role": "user", "content": "".join(b.text for b in text)})
@@ -152,8 +158,12 @@ class MessagesRequest(_Strict):
         for i, raw in enumerate(self.tools or ()):
             kind = raw.get("type") if isinstance(raw, dict) else None
             if kind not in (None, "custom"):
-                raise ApiError("invalid_request", f"tools[{i}]: server tools ({kind}) are not supported by this "
-                               "server; define a client tool with name, description and input_schema", param="tools")
+                raise ApiError(
+                    "invalid_request",
+                    f"tools[{i}]: server tools ({kind}) are not supported by this "
+                    "server; define a client tool with name, description and input_schema",
+                    param="tools",
+                )
             try:
                 t = Tool.model_validate(raw)
             except ValidationError as e:

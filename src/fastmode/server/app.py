@@ -62,8 +62,13 @@ def create_app(
     metrics = ServerMetrics(lambda: {n: s for n, m in models.items() if (s := m.stats()) is not None})
     for name, e in _named_engines(engine, config, extra_engines).items():
         models[name] = ServedModel(name, e, AdmissionController(config, e, limiter, metrics, name))
-    state = ServerState(config=config, models=models, metrics=metrics, limiter=limiter,
-                        responses=ResponseStore(config.response_store_size, int(config.response_store_mib * 2**20)))
+    state = ServerState(
+        config=config,
+        models=models,
+        metrics=metrics,
+        limiter=limiter,
+        responses=ResponseStore(config.response_store_size, int(config.response_store_mib * 2**20)),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -82,8 +87,13 @@ def create_app(
     # Outermost last: the Host/Origin guard sees a request first, then CORS, then the body limit.
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     if config.allowed_origins:  # CORS is off unless origins are configured
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["*"],
-                           allow_headers=["*"], expose_headers=["*"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["*"],
+        )
     app.add_middleware(OriginGuard, config=config)
     app.add_middleware(DrainGate, state=state)
     app.include_router(openai_api.router)

@@ -30,9 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     from fastmode.server.config import ServerConfig
 
     p = sub.add_parser(
-        "serve", help="serve the OpenAI and Anthropic APIs (HTTP, SSE, WebSocket)",
+        "serve",
+        help="serve the OpenAI and Anthropic APIs (HTTP, SSE, WebSocket)",
         description="Serve a model (and, for the default model, its Spark student) over the OpenAI and Anthropic "
-                    "APIs. Flags whose default is None accept 'none'.",
+        "APIs. Flags whose default is None accept 'none'.",
     )
     add_dataclass_args(p, ServerConfig, title="server")
     add_dataclass_args(p, EngineConfig, title="engine")
@@ -64,7 +65,9 @@ def spark_engine(main: LLMEngine, config: EngineConfig) -> LLMEngine | None:
     except ValueError as e:
         print(f"fastmode: not serving Spark: {e}", file=sys.stderr)
         return None
-    return LLMEngine(dataclasses.replace(config, model=str(path), speculative_method="off", draft_model=None), loaded=loaded)
+    return LLMEngine(
+        dataclasses.replace(config, model=str(path), speculative_method="off", draft_model=None), loaded=loaded
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,8 +82,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         server_kwargs = _pick(ServerConfig, args)
         if server_kwargs.get("api_key"):
-            print("fastmode: --api-key is visible to every user of this machine (ps); prefer FASTMODE_API_KEY "
-                  "or --api-key-file", file=sys.stderr)
+            print(
+                "fastmode: --api-key is visible to every user of this machine (ps); prefer FASTMODE_API_KEY "
+                "or --api-key-file",
+                file=sys.stderr,
+            )
         server_kwargs["api_key"] = api_key_from_env(server_kwargs.get("api_key"), server_kwargs.get("api_key_file"))
         server_config = ServerConfig(**server_kwargs)
         engine_config = EngineConfig(**_pick(EngineConfig, args))
@@ -92,16 +98,28 @@ def run(args: argparse.Namespace) -> int:
         return 2
     names = list(app.state.fastmode.models)
     auth = "API key required" if server_config.api_key else "no API key"
-    print(f"fastmode: serving {', '.join(names)} on http://{server_config.host}:{server_config.port} ({auth})",
-          file=sys.stderr)
+    print(
+        f"fastmode: serving {', '.join(names)} on http://{server_config.host}:{server_config.port} ({auth})",
+        file=sys.stderr,
+    )
     if spark is not None:
-        print(f"fastmode: {spark.model_name} (the Spark student) is served as its own model; "
-              "--no-serve-spark turns it off", file=sys.stderr)
+        print(
+            f"fastmode: {spark.model_name} (the Spark student) is served as its own model; "
+            "--no-serve-spark turns it off",
+            file=sys.stderr,
+        )
     from fastmode.server.shutdown import DrainingServer
 
     # The app drains itself first (server/shutdown.py); uvicorn's own wait comes after, with little left.
-    config = uvicorn.Config(app, host=server_config.host, port=server_config.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=5, ws_max_size=server_config.max_body_bytes,
-                            ws_ping_interval=20.0, ws_ping_timeout=20.0)
+    config = uvicorn.Config(
+        app,
+        host=server_config.host,
+        port=server_config.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=5,
+        ws_max_size=server_config.max_body_bytes,
+        ws_ping_interval=20.0,
+        ws_ping_timeout=20.0,
+    )
     DrainingServer(config, app.state.fastmode, server_config.drain_timeout_s).run()
     return 0

@@ -93,8 +93,10 @@ class ServerConfig:
         from fastmode.server.origin import is_loopback  # origin.py reads this config
 
         if self.api_key is None and not is_loopback(self.host):
-            raise ValueError(f"without an API key the server listens on loopback only, not {self.host}: "
-                             f"set {API_KEY_ENV} or --api-key-file to serve other machines")
+            raise ValueError(
+                f"without an API key the server listens on loopback only, not {self.host}: "
+                f"set {API_KEY_ENV} or --api-key-file to serve other machines"
+            )
         if self.fast_lane_full_factor <= 0:
             raise ValueError("fast_lane_full_factor must be > 0")
         if self.max_waiting_requests < 1:
@@ -108,8 +110,15 @@ class ServerConfig:
         for name in ("response_store_mib", "max_body_mib", "ws_idle_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
-        for name in ("max_messages", "max_tools", "max_stop_sequences", "max_stop_chars", "max_name_chars",
-                     "max_nesting_depth", "max_concurrent_tokenizations"):
+        for name in (
+            "max_messages",
+            "max_tools",
+            "max_stop_sequences",
+            "max_stop_chars",
+            "max_name_chars",
+            "max_nesting_depth",
+            "max_concurrent_tokenizations",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         for tier in Tier:

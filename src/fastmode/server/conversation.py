@@ -65,8 +65,7 @@ _BYTES_PER_TURN = 2048
 def turn_bytes(turn: Turn) -> int:
     """An estimate of the memory a kept turn holds."""
     chars = sum(len(m.get("content") or "") for m in turn.messages if isinstance(m.get("content"), str))
-    return (_BYTES_PER_TURN + _BYTES_PER_TOKEN * (len(turn.prompt_ids) + len(turn.output_ids))
-            + _BYTES_PER_CHAR * chars)
+    return _BYTES_PER_TURN + _BYTES_PER_TOKEN * (len(turn.prompt_ids) + len(turn.output_ids)) + _BYTES_PER_CHAR * chars
 
 
 class ResponseStore:
@@ -114,8 +113,14 @@ def with_system(instructions: str | None, messages: list[Message]) -> list[Messa
 
 
 def build_prompt(
-    tok: Tokenizer, prev: Turn | None, instructions: str | None, new_messages: list[Message], model: str = "",
-    render: Render | None = None, tools: str = "", add_generation_prompt: bool = True,
+    tok: Tokenizer,
+    prev: Turn | None,
+    instructions: str | None,
+    new_messages: list[Message],
+    model: str = "",
+    render: Render | None = None,
+    tools: str = "",
+    add_generation_prompt: bool = True,
 ) -> tuple[list[int], list[Message], bool]:
     """(prompt ids, the conversation so far without system, whether the previous turn's tokens were reused).
 
@@ -125,8 +130,13 @@ def build_prompt(
     """
     render = render or tok.apply_chat_template
     history = (prev.messages if prev else []) + new_messages
-    if (prev is not None and prev.reusable and prev.instructions == instructions and prev.model == model
-            and prev.tools == tools):
+    if (
+        prev is not None
+        and prev.reusable
+        and prev.instructions == instructions
+        and prev.model == model
+        and prev.tools == tools
+    ):
         bridge = _bridge_text(tok, render, prev, new_messages, add_generation_prompt)
         if bridge is not None:
             ids = prev.prompt_ids + prev.output_ids + tok.encode(bridge, add_special_tokens=False)
@@ -135,8 +145,9 @@ def build_prompt(
     return tok.encode(text, add_special_tokens=False), history, False
 
 
-def _bridge_text(tok: Tokenizer, render: Render, prev: Turn, new_messages: list[Message],
-                 add_generation_prompt: bool) -> str | None:
+def _bridge_text(
+    tok: Tokenizer, render: Render, prev: Turn, new_messages: list[Message], add_generation_prompt: bool
+) -> str | None:
     """Text between the previous turn's tokens and the next prompt's end, or
     None if the template does not render this conversation as a growing prefix."""
     if not prev.generated:  # a warm-up: its ids are the conversation up to its last message

@@ -160,7 +160,10 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     if kind == "missing":
         return f"{param} is required", param
     if kind == "union_tag_invalid":
-        return f"{param}: the type {clip(repr(ctx.get('tag')))} is not accepted here (use one of {ctx.get('expected_tags')})", param
+        return (
+            f"{param}: the type {clip(repr(ctx.get('tag')))} is not accepted here (use one of {ctx.get('expected_tags')})",
+            param,
+        )
     if kind == "union_tag_not_found":
         return f"{param}: the `type` field is missing", param
     msg = str(e.get("msg", "invalid value"))

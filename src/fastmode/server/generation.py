@@ -85,8 +85,14 @@ def stop_details(o: RequestOutput, params: SamplingParams, tokenizer) -> tuple[s
 class Job:
     """One engine request as the server runs it, on the served model the client named."""
 
-    def __init__(self, state: ServerState, model: ServedModel, prompt_ids: list[int], params: SamplingParams,
-                 admission: Admission):
+    def __init__(
+        self,
+        state: ServerState,
+        model: ServedModel,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        admission: Admission,
+    ):
         self.state = state
         self.model = model
         self.prompt_ids = prompt_ids
@@ -126,7 +132,9 @@ class Job:
                         if o.metrics is not None:
                             metrics.observe_finished(name, o.metrics, o.finish_reason or "unknown")
                         if o.finish_reason == "error":
-                            raise ApiError("server_error", "the engine failed while running this request; it did not complete")
+                            raise ApiError(
+                                "server_error", "the engine failed while running this request; it did not complete"
+                            )
                     yield o
         except EngineClosedError as e:
             raise ApiError("overloaded", "the server shut down before this request finished") from e
@@ -250,7 +258,9 @@ class SSEResponse(StreamingResponse):
     request would run on. Closing it here aborts the request at once.
     """
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None], headers: dict[str, str] | None = None):
+    def __init__(
+        self, content: AsyncIterator[str], on_close: Callable[[], None], headers: dict[str, str] | None = None
+    ):
         h = {"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})}
         super().__init__(content, media_type="text/event-stream", headers=h)
         self._on_close = on_close

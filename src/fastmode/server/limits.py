@@ -50,8 +50,11 @@ def _surrogate(text: str) -> re.Match | None:
 
 def _check_text(text: str, param: str) -> None:
     if (m := _surrogate(text)) is not None:
-        raise _invalid(param, f"the text holds a lone UTF-16 surrogate (\\u{ord(m.group()):04x} at character "
-                              f"{m.start()}), which is not valid Unicode")
+        raise _invalid(
+            param,
+            f"the text holds a lone UTF-16 surrogate (\\u{ord(m.group()):04x} at character "
+            f"{m.start()}), which is not valid Unicode",
+        )
 
 
 def _fields(value: Any) -> list[tuple[str, Any]]:
@@ -107,8 +110,10 @@ def _check_top_field(key: str, value: Any, param: str, config: ServerConfig) -> 
             raise _invalid(param, f"{len(stops)} stop strings; at most {config.max_stop_sequences} are accepted")
         for i, s in enumerate(stops):
             if isinstance(s, str) and len(s) > config.max_stop_chars:
-                raise _invalid(param if isinstance(value, str) else f"{param}[{i}]",
-                               f"a stop string of {len(s)} characters; at most {config.max_stop_chars} are accepted")
+                raise _invalid(
+                    param if isinstance(value, str) else f"{param}[{i}]",
+                    f"a stop string of {len(s)} characters; at most {config.max_stop_chars} are accepted",
+                )
 
 
 class Tokenizers:
@@ -132,8 +137,9 @@ class BodyLimit:
 
     def _error(self, scope: Scope) -> ApiError:
         mib = self.max_bytes / 2**20
-        return ApiError("too_large", f"the request body is larger than this server accepts ({mib:g} MiB)",
-                        code="request_too_large")
+        return ApiError(
+            "too_large", f"the request body is larger than this server accepts ({mib:g} MiB)", code="request_too_large"
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -40,8 +40,7 @@ def _entry(tt: TokenText, token_id: int, logprob: float) -> dict[str, Any]:
 def chat_logprobs(tt: TokenText, entries: Sequence[Any]) -> list[dict[str, Any]]:
     """Chat Completions' `logprobs.content` items for the engine's TokenLogprob entries."""
     return [
-        {**_entry(tt, e.token_id, e.logprob), "top_logprobs": [_entry(tt, t, lp) for t, lp in e.top]}
-        for e in entries
+        {**_entry(tt, e.token_id, e.logprob), "top_logprobs": [_entry(tt, t, lp) for t, lp in e.top]} for e in entries
     ]
 
 

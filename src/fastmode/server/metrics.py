@@ -39,13 +39,21 @@ class _EngineCollector:
             return
         m, mt = ["model"], ["model", "tier"]
         running = GaugeMetricFamily("fastmode:num_requests_running", "Requests holding KV blocks, by tier", labels=mt)
-        waiting = GaugeMetricFamily("fastmode:num_requests_waiting", "Requests queued for admission, by tier", labels=mt)
+        waiting = GaugeMetricFamily(
+            "fastmode:num_requests_waiting", "Requests queued for admission, by tier", labels=mt
+        )
         kv = GaugeMetricFamily("fastmode:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)", labels=m)
         lane = GaugeMetricFamily("fastmode:fast_lane_active", "1 while fast work caps the batch", labels=m)
-        preempt = CounterMetricFamily("fastmode:num_preemptions", "Sequences preempted (KV freed, recomputed later)", labels=m)
-        queries = CounterMetricFamily("fastmode:prefix_cache_queries", "Full KV blocks looked up in the prefix cache", labels=m)
+        preempt = CounterMetricFamily(
+            "fastmode:num_preemptions", "Sequences preempted (KV freed, recomputed later)", labels=m
+        )
+        queries = CounterMetricFamily(
+            "fastmode:prefix_cache_queries", "Full KV blocks looked up in the prefix cache", labels=m
+        )
         hits = CounterMetricFamily("fastmode:prefix_cache_hits", "Full KV blocks found in the prefix cache", labels=m)
-        drafts = CounterMetricFamily("fastmode:spec_decode_num_drafts", "Verify steps that carried draft tokens", labels=mt)
+        drafts = CounterMetricFamily(
+            "fastmode:spec_decode_num_drafts", "Verify steps that carried draft tokens", labels=mt
+        )
         draft_tokens = CounterMetricFamily("fastmode:spec_decode_num_draft_tokens", "Draft tokens proposed", labels=mt)
         accepted = CounterMetricFamily("fastmode:spec_decode_num_accepted_tokens", "Draft tokens accepted", labels=mt)
         rate = GaugeMetricFamily(
@@ -78,24 +86,39 @@ class ServerMetrics:
         r = self.registry = CollectorRegistry()
         by_tier = ["model", "tier"]
         self.ttft = Histogram(
-            "fastmode:time_to_first_token_seconds", "Arrival to first token", by_tier, buckets=_LATENCY_BUCKETS_S, registry=r
+            "fastmode:time_to_first_token_seconds",
+            "Arrival to first token",
+            by_tier,
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
         )
         self.itl = Histogram(
-            "fastmode:inter_token_latency_seconds", "Gap between output tokens as the server receives them",
-            by_tier, buckets=_ITL_BUCKETS_S, registry=r,
+            "fastmode:inter_token_latency_seconds",
+            "Gap between output tokens as the server receives them",
+            by_tier,
+            buckets=_ITL_BUCKETS_S,
+            registry=r,
         )
         self.e2e = Histogram(
             "fastmode:e2e_request_latency_seconds", "Arrival to finish", by_tier, buckets=_LATENCY_BUCKETS_S, registry=r
         )
         self.queue = Histogram(
-            "fastmode:request_queue_time_seconds", "Arrival to first scheduled", by_tier, buckets=_LATENCY_BUCKETS_S, registry=r
+            "fastmode:request_queue_time_seconds",
+            "Arrival to first scheduled",
+            by_tier,
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
         )
-        self.prompt_tokens = Counter("fastmode:prompt_tokens", "Prompt tokens of finished requests", by_tier, registry=r)
+        self.prompt_tokens = Counter(
+            "fastmode:prompt_tokens", "Prompt tokens of finished requests", by_tier, registry=r
+        )
         self.cached_tokens = Counter(
             "fastmode:prompt_tokens_cached", "Prompt tokens served from the prefix cache", by_tier, registry=r
         )
         self.generation_tokens = Counter("fastmode:generation_tokens", "Output tokens produced", by_tier, registry=r)
-        self.cost = Counter("fastmode:request_cost_usd", "Metered price of finished requests (USD)", by_tier, registry=r)
+        self.cost = Counter(
+            "fastmode:request_cost_usd", "Metered price of finished requests (USD)", by_tier, registry=r
+        )
         self.machine = Counter(
             "fastmode:request_machine_seconds", "Machine time charged to finished requests", by_tier, registry=r
         )
@@ -109,7 +132,10 @@ class ServerMetrics:
             "fastmode:request_rejected", "Requests refused at admission", [*by_tier, "reason"], registry=r
         )
         self.fallbacks = Counter(
-            "fastmode:service_tier_fallback", "service_tier=auto requests served below fast", ["model", "reason"], registry=r
+            "fastmode:service_tier_fallback",
+            "service_tier=auto requests served below fast",
+            ["model", "reason"],
+            registry=r,
         )
         r.register(_EngineCollector(engine_stats))
 

@@ -128,18 +128,36 @@ def _admit(model: ServedModel, service_tier: str | None, prompt_len: int, max_to
 
 
 async def _prepare(
-    state: ServerState, model: ServedModel, body: SamplingFields, ids: list[int], max_tokens: int | None, param: str,
-    *, structured: StructuredOutput | None = None, logprobs: int | None = None, structured_param: str = "",
+    state: ServerState,
+    model: ServedModel,
+    body: SamplingFields,
+    ids: list[int],
+    max_tokens: int | None,
+    param: str,
+    *,
+    structured: StructuredOutput | None = None,
+    logprobs: int | None = None,
+    structured_param: str = "",
     prompt_param: str = "messages",
 ) -> list[Job]:
     """Validate lengths, sampling, the request and the grammar, then admit: nothing after this can fail before the
     stream starts."""
     max_tokens = resolve_max_tokens(model.engine, len(ids), max_tokens, param)
     params = make_params(
-        model, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
-        max_tokens=max_tokens, stop=body.stop_list(), ignore_eos=body.ignore_eos, speculative=body.speculative,
-        structured=structured, logprobs=logprobs, presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias_pairs(model.tokenizer.vocab_size) or None,
+        model,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        max_tokens=max_tokens,
+        stop=body.stop_list(),
+        ignore_eos=body.ignore_eos,
+        speculative=body.speculative,
+        structured=structured,
+        logprobs=logprobs,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=body.logit_bias_pairs(model.tokenizer.vocab_size) or None,
     )
     model.check_request(ids, params, prompt_param)
     await check_structured(model, structured, structured_param)
@@ -154,8 +172,13 @@ def _choice_params(params: SamplingParams, i: int) -> SamplingParams:
 
 
 def _card(state: ServerState, model: ServedModel) -> dict:
-    return {"id": model.name, "object": "model", "created": state.created_s, "owned_by": "fastmode",
-            "max_model_len": model.max_model_len}
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": state.created_s,
+        "owned_by": "fastmode",
+        "max_model_len": model.max_model_len,
+    }
 
 
 @router.get("/v1/models")
@@ -193,22 +216,37 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     except ValueError as e:  # no template, or the template refused the conversation
         raise ApiError("invalid_request", str(e), param="messages") from e
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    jobs = await _prepare(state, model, body, ids, body.output_limit(), param, structured=structured,
-                          logprobs=body.num_logprobs(), structured_param=structured_param)
+    jobs = await _prepare(
+        state,
+        model,
+        body,
+        ids,
+        body.output_limit(),
+        param,
+        structured=structured,
+        logprobs=body.num_logprobs(),
+        structured_param=structured_param,
+    )
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    head = {"id": rid, "created": created, "model": model.name, "system_fingerprint": FINGERPRINT,
-            **tier_fields(jobs[0].admission)}
+    head = {
+        "id": rid,
+        "created": created,
+        "model": model.name,
+        "system_fingerprint": FINGERPRINT,
+        **tier_fields(jobs[0].admission),
+    }
     headers = response_headers(jobs[0].admission, rid)
     out = _ChatOutput(model, with_tools=bool(offered), logprobs=body.num_logprobs() is not None)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return SSEResponse(_chat_events(jobs, head, include_usage, out), on_close=lambda: _close(jobs),
-                           headers=headers)
+        return SSEResponse(_chat_events(jobs, head, include_usage, out), on_close=lambda: _close(jobs), headers=headers)
     outs = await collect_all(request, jobs)
     if outs is None:
         return client_gone()
     choices = [out.choice(i, o, j.logprobs) for i, (o, j) in enumerate(zip(outs, jobs))]
-    return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": usage(outs)}, headers=headers)
+    return JSONResponse(
+        {**head, "object": "chat.completion", "choices": choices, "usage": usage(outs)}, headers=headers
+    )
 
 
 def _close(jobs: list[Job]) -> None:
@@ -242,13 +280,19 @@ class _ChatOutput:
         if parser is not None:
             parser.feed(o.text)
             parser.finish()
-            calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
-                     for c in parser.calls]
+            calls = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
+                for c in parser.calls
+            ]
             message["content"] = parser.text or (None if calls else "")
             if calls:
                 message["tool_calls"] = calls
-        return {"index": index, "message": message, "logprobs": self.logprobs(logprobs),
-                "finish_reason": _finish_reason(o, bool(calls))}
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": self.logprobs(logprobs),
+            "finish_reason": _finish_reason(o, bool(calls)),
+        }
 
 
 def _deltas(parser: ToolCallParser | None, text: str, final: bool) -> list[dict]:
@@ -261,8 +305,18 @@ def _deltas(parser: ToolCallParser | None, text: str, final: bool) -> list[dict]
         if isinstance(e, TextDelta):
             out.append({"content": e.text})
         elif isinstance(e, CallStart):
-            out.append({"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
-                                        "function": {"name": e.name, "arguments": ""}}]})
+            out.append(
+                {
+                    "tool_calls": [
+                        {
+                            "index": e.index,
+                            "id": e.id,
+                            "type": "function",
+                            "function": {"name": e.name, "arguments": ""},
+                        }
+                    ]
+                }
+            )
         elif isinstance(e, ArgumentsDelta):
             out.append({"tool_calls": [{"index": e.index, "function": {"arguments": e.fragment}}]})
     return out
@@ -307,28 +361,43 @@ async def completions(body: CompletionRequest, request: Request):
     body.unsupported()
     prompt = body.single_prompt()
     ids = await state.tokenizers.run(model.tokenizer.encode, prompt) if isinstance(prompt, str) else list(prompt)
-    jobs = await _prepare(state, model, body, ids, body.max_tokens, "max_tokens", logprobs=body.logprobs,
-                          prompt_param="prompt")
+    jobs = await _prepare(
+        state, model, body, ids, body.max_tokens, "max_tokens", logprobs=body.logprobs, prompt_param="prompt"
+    )
     rid = f"cmpl-{uuid.uuid4().hex}"
-    head = {"id": rid, "object": "text_completion", "created": int(time.time()),
-            "model": model.name, "system_fingerprint": FINGERPRINT, **tier_fields(jobs[0].admission)}
+    head = {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model.name,
+        "system_fingerprint": FINGERPRINT,
+        **tier_fields(jobs[0].admission),
+    }
     headers = response_headers(jobs[0].admission, rid)
     tokens = TokenText(model.tokenizer) if body.logprobs is not None else None
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return SSEResponse(_completion_events(jobs, head, include_usage, tokens), on_close=lambda: _close(jobs),
-                           headers=headers)
+        return SSEResponse(
+            _completion_events(jobs, head, include_usage, tokens), on_close=lambda: _close(jobs), headers=headers
+        )
     outs = await collect_all(request, jobs)
     if outs is None:
         return client_gone()
-    choices = [{"index": i, "text": o.text, "finish_reason": o.finish_reason,
-                "logprobs": completion_logprobs(tokens, j.logprobs, 0) if tokens else None}
-               for i, (o, j) in enumerate(zip(outs, jobs))]
+    choices = [
+        {
+            "index": i,
+            "text": o.text,
+            "finish_reason": o.finish_reason,
+            "logprobs": completion_logprobs(tokens, j.logprobs, 0) if tokens else None,
+        }
+        for i, (o, j) in enumerate(zip(outs, jobs))
+    ]
     return JSONResponse({**head, "choices": choices, "usage": usage(outs)}, headers=headers)
 
 
-async def _completion_events(jobs: list[Job], head: dict, include_usage: bool,
-                             tokens: TokenText | None) -> AsyncIterator[str]:
+async def _completion_events(
+    jobs: list[Job], head: dict, include_usage: bool, tokens: TokenText | None
+) -> AsyncIterator[str]:
     extra = {"usage": None} if include_usage else {}
     offsets = [0] * len(jobs)  # characters of text sent so far, per choice: the logprobs' text_offset
 
@@ -337,8 +406,12 @@ async def _completion_events(jobs: list[Job], head: dict, include_usage: bool,
         if tokens is not None:
             logprobs = completion_logprobs(tokens, getattr(o, "delta_logprobs", None) or [], offsets[i])
         offsets[i] += len(o.delta_text)
-        choice = {"index": i, "text": o.delta_text, "logprobs": logprobs,
-                  "finish_reason": o.finish_reason if o.finished else None}
+        choice = {
+            "index": i,
+            "text": o.delta_text,
+            "logprobs": logprobs,
+            "finish_reason": o.finish_reason if o.finished else None,
+        }
         return sse_event({**head, "choices": [choice], **extra})
 
     try:

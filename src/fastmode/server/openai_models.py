@@ -76,12 +76,18 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict]:
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if m.role != "assistant" and m.tool_calls:
-            raise ApiError("invalid_request", f"{where}.tool_calls: only assistant messages carry tool calls",
-                           param=f"{where}.tool_calls")
+            raise ApiError(
+                "invalid_request",
+                f"{where}.tool_calls: only assistant messages carry tool calls",
+                param=f"{where}.tool_calls",
+            )
         if m.role == "tool":
             if not m.tool_call_id:
-                raise ApiError("invalid_request", f"{where}.tool_call_id is required in a tool message",
-                               param=f"{where}.tool_call_id")
+                raise ApiError(
+                    "invalid_request",
+                    f"{where}.tool_call_id is required in a tool message",
+                    param=f"{where}.tool_call_id",
+                )
             tool = {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.text()}
             if m.tool_call_id in names:
                 tool["name"] = names[m.tool_call_id]
@@ -93,13 +99,17 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict]:
                 msg["tool_calls"] = [_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(m.tool_calls)]
                 names.update((c.id, c.function.name) for c in m.tool_calls)
             elif m.content is None:
-                raise ApiError("invalid_request", f"{where}: an assistant message needs content or tool_calls",
-                               param=f"{where}.content")
+                raise ApiError(
+                    "invalid_request",
+                    f"{where}: an assistant message needs content or tool_calls",
+                    param=f"{where}.content",
+                )
             out.append(msg)
             continue
         if m.content is None:
-            raise ApiError("invalid_request", f"{where}.content is required in a {m.role} message",
-                           param=f"{where}.content")
+            raise ApiError(
+                "invalid_request", f"{where}.content is required in a {m.role} message", param=f"{where}.content"
+            )
         # "developer" is the newer name of "system"; chat templates know only the latter.
         out.append({"role": "system" if m.role == "developer" else m.role, "content": m.text()})
     return out
@@ -109,11 +119,13 @@ def _call(c: ToolCallItem, where: str) -> dict:
     try:
         args = json.loads(c.function.arguments) if c.function.arguments.strip() else {}
     except json.JSONDecodeError as e:
-        raise ApiError("invalid_request", f"{where}.function.arguments is not valid JSON: {e}",
-                       param=f"{where}.function.arguments") from None
+        raise ApiError(
+            "invalid_request", f"{where}.function.arguments is not valid JSON: {e}", param=f"{where}.function.arguments"
+        ) from None
     if not isinstance(args, dict):
-        raise ApiError("invalid_request", f"{where}.function.arguments must be a JSON object",
-                       param=f"{where}.function.arguments")
+        raise ApiError(
+            "invalid_request", f"{where}.function.arguments must be a JSON object", param=f"{where}.function.arguments"
+        )
     return {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}}
 
 
@@ -187,11 +199,18 @@ class SamplingFields(_Strict):
         pairs = []
         for key, bias in (self.logit_bias or {}).items():
             if not key.strip().isdigit() or not 0 <= int(key) < vocab_size:
-                raise ApiError("invalid_request", f"logit_bias: {clip(repr(key))} is not a token id of this model "
-                               f"(the keys are token ids in [0, {vocab_size}), as strings)", param="logit_bias")
+                raise ApiError(
+                    "invalid_request",
+                    f"logit_bias: {clip(repr(key))} is not a token id of this model "
+                    f"(the keys are token ids in [0, {vocab_size}), as strings)",
+                    param="logit_bias",
+                )
             if not -100 <= bias <= 100:
-                raise ApiError("invalid_request", f"logit_bias: the bias of token {key} is {bias}; "
-                               "biases are in [-100, 100]", param="logit_bias")
+                raise ApiError(
+                    "invalid_request",
+                    f"logit_bias: the bias of token {key} is {bias}; biases are in [-100, 100]",
+                    param="logit_bias",
+                )
             pairs.append((int(key), float(bias)))
         return tuple(sorted(pairs))
 
@@ -247,8 +266,10 @@ class ChatCompletionRequest(SamplingFields):
         return self.top_logprobs or 0
 
     def tool_specs(self) -> list[ToolSpec]:
-        return [ToolSpec(t.function.name, t.function.description or "", t.function.parameters, bool(t.function.strict))
-                for t in self.tools or ()]
+        return [
+            ToolSpec(t.function.name, t.function.description or "", t.function.parameters, bool(t.function.strict))
+            for t in self.tools or ()
+        ]
 
     def tool_choice_of(self) -> ToolChoice:
         """`tool_choice` (default: auto with tools, none without) and `parallel_tool_calls`."""
@@ -266,8 +287,11 @@ class ChatCompletionRequest(SamplingFields):
         if f.type == "json_object":
             return StructuredOutput("json_object")
         if f.json_schema is None or f.json_schema.schema_ is None:
-            raise ApiError("invalid_request", "response_format.json_schema.schema is required with type json_schema",
-                           param="response_format.json_schema")
+            raise ApiError(
+                "invalid_request",
+                "response_format.json_schema.schema is required with type json_schema",
+                param="response_format.json_schema",
+            )
         schema = f.json_schema.schema_
         if not f.json_schema.strict:  # not strict: keywords the grammar engine lacks are ignored, not refused
             schema = {**schema, "x-guidance": {"lenient": True, **schema.get("x-guidance", {})}}
@@ -283,17 +307,22 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = None
 
     def unsupported(self) -> None:
-        _refuse(self._common_unsupported() + [
-            ("echo", bool(self.echo)),
-            ("suffix", self.suffix is not None),
-            ("best_of", self.best_of not in (None, 1)),
-        ])
+        _refuse(
+            self._common_unsupported()
+            + [
+                ("echo", bool(self.echo)),
+                ("suffix", self.suffix is not None),
+                ("best_of", self.best_of not in (None, 1)),
+            ]
+        )
 
     def single_prompt(self) -> str | list[int]:
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             if len(p) != 1:
-                raise ApiError("invalid_request", "batched prompts are not supported: send one prompt per request", param="prompt")
+                raise ApiError(
+                    "invalid_request", "batched prompts are not supported: send one prompt per request", param="prompt"
+                )
             p = p[0]
         if not p:
             raise ApiError("invalid_request", "prompt is empty", param="prompt")
@@ -304,6 +333,8 @@ def _refuse(checks: list[tuple[str, bool]]) -> None:
     for name, bad in checks:
         if bad:
             raise ApiError(
-                "invalid_request", f"`{name}` is not supported by this server with that value; remove it or use the default",
-                param=name, code="unsupported_parameter",
+                "invalid_request",
+                f"`{name}` is not supported by this server with that value; remove it or use the default",
+                param=name,
+                code="unsupported_parameter",
             )

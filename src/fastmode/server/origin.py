@@ -66,8 +66,10 @@ class OriginGuard:
         if self.open and "host" in headers:  # browsers always send Host; a request without one is no page's
             host = _host_name(headers["host"])
             if not (is_loopback(host) or "*" in self.hosts or host.lower() in self.hosts):
-                return (f"the Host {clip(host)!r} is not served: without an API key this server answers loopback "
-                        "names only (allow others with --allowed-hosts)")
+                return (
+                    f"the Host {clip(host)!r} is not served: without an API key this server answers loopback "
+                    "names only (allow others with --allowed-hosts)"
+                )
         origin = headers.get("origin")
         checked = self.open or (scope["type"] == "websocket" and self.origins)
         if origin is not None and checked and not self._origin_allowed(origin):
@@ -85,4 +87,6 @@ class OriginGuard:
             # Closing before accepting answers the handshake with 403.
             await send({"type": "websocket.close", "code": 1008, "reason": reason[:120]})
         else:
-            await ApiError("forbidden", reason, code="forbidden").response(dialect_of(scope["path"]))(scope, receive, send)
+            await ApiError("forbidden", reason, code="forbidden").response(dialect_of(scope["path"]))(
+                scope, receive, send
+            )

@@ -29,8 +29,12 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 
 def _not_found(response_id: str) -> ApiError:
-    return ApiError("not_found", f"Response with id '{clip(response_id)}' not found.", param="response_id",
-                    code="response_not_found")
+    return ApiError(
+        "not_found",
+        f"Response with id '{clip(response_id)}' not found.",
+        param="response_id",
+        code="response_not_found",
+    )
 
 
 @router.post("/v1/responses")

@@ -60,8 +60,15 @@ class OutputBuilder:
         item = self._message
         self._message_text += delta
         self._message_logprobs += self._pending_logprobs
-        events.append({"type": "response.output_text.delta", **self._where(item), "content_index": 0,
-                       "delta": delta, "logprobs": self._pending_logprobs})
+        events.append(
+            {
+                "type": "response.output_text.delta",
+                **self._where(item),
+                "content_index": 0,
+                "delta": delta,
+                "logprobs": self._pending_logprobs,
+            }
+        )
         self._pending_logprobs = []
         return events
 
@@ -76,8 +83,7 @@ class OutputBuilder:
         item.update(status=status, content=[part])
         where = self._where(item)
         return [
-            {"type": "response.output_text.done", **where, "content_index": 0, "text": text,
-             "logprobs": logprobs},
+            {"type": "response.output_text.done", **where, "content_index": 0, "text": text, "logprobs": logprobs},
             {"type": "response.content_part.done", **where, "content_index": 0, "part": part},
             {"type": "response.output_item.done", "output_index": where["output_index"], "item": item},
         ]
@@ -85,8 +91,14 @@ class OutputBuilder:
     def call_start(self, index: int, call_id: str, name: str) -> list[dict]:
         events = self.close_message()  # text before a call is its own message item
         self._pending_logprobs = []  # tokens that wrote the call's opening, not text
-        item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress", "call_id": call_id,
-                "name": name, "arguments": ""}
+        item = {
+            "id": new_id("fc"),
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": call_id,
+            "name": name,
+            "arguments": "",
+        }
         self._calls[index] = item
         self.output.append(item)
         events.append({"type": "response.output_item.added", "output_index": len(self.output) - 1, "item": dict(item)})

@@ -75,9 +75,14 @@ def _item_kind(v: Any) -> str | None:
 
 
 InputItem = Annotated[
-    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")] | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
-    Discriminator(_item_kind, custom_error_type="input_item_type",
-                  custom_error_message="input items must be of type message, function_call or function_call_output"),
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(
+        _item_kind,
+        custom_error_type="input_item_type",
+        custom_error_message="input items must be of type message, function_call or function_call_output",
+    ),
 ]
 
 
@@ -154,8 +159,11 @@ class ResponseRequest(_Strict):
         for i, t in enumerate(tools if isinstance(tools, list) else ()):
             kind = t.get("type") if isinstance(t, dict) else None
             if kind != "function":
-                raise PydanticCustomError("unsupported_tool", "tools[{i}] has type {kind}; this server offers "
-                                          "function tools only", {"i": i, "kind": repr(kind)})
+                raise PydanticCustomError(
+                    "unsupported_tool",
+                    "tools[{i}] has type {kind}; this server offers function tools only",
+                    {"i": i, "kind": repr(kind)},
+                )
         return tools
 
     def unsupported(self) -> None:
@@ -175,17 +183,23 @@ class ResponseRequest(_Strict):
         for name, bad in checks:
             if bad:
                 raise ApiError(
-                    "invalid_request", f"`{name}` is not supported by this server with that value",
-                    param=name, code="unsupported_parameter",
+                    "invalid_request",
+                    f"`{name}` is not supported by this server with that value",
+                    param=name,
+                    code="unsupported_parameter",
                 )
 
     def tool_specs(self) -> list[ToolSpec]:
-        return [ToolSpec(t.name, t.description or "", t.parameters or {"type": "object", "properties": {}},
-                         bool(t.strict)) for t in self.tools or ()]
+        return [
+            ToolSpec(t.name, t.description or "", t.parameters or {"type": "object", "properties": {}}, bool(t.strict))
+            for t in self.tools or ()
+        ]
 
     def choice(self) -> ToolChoice:
         mode = self.tool_choice_mode()
-        return ToolChoice(mode, self.tool_choice.name if mode == "named" else None, self.parallel_tool_calls is not False)
+        return ToolChoice(
+            mode, self.tool_choice.name if mode == "named" else None, self.parallel_tool_calls is not False
+        )
 
     def tool_choice_mode(self) -> str:
         """none | auto | required | named; a request with tools defaults to auto."""
@@ -208,7 +222,9 @@ class ResponseRequest(_Strict):
         if fmt.type == "json_object":
             return StructuredOutput("json_object")
         if fmt.schema_ is None:
-            raise ApiError("invalid_request", "text.format of type json_schema needs a `schema`", param="text.format.schema")
+            raise ApiError(
+                "invalid_request", "text.format of type json_schema needs a `schema`", param="text.format.schema"
+            )
         return StructuredOutput("json_schema", json.dumps(fmt.schema_))
 
     def text_config(self) -> dict:
@@ -228,15 +244,20 @@ class ResponseRequest(_Strict):
         out: list[Message] = []
         for i, item in enumerate(self.input):
             if isinstance(item, MessageItem):
-                out.append({"role": "system" if item.role == "developer" else item.role, "content": _text(item.content)})
+                out.append(
+                    {"role": "system" if item.role == "developer" else item.role, "content": _text(item.content)}
+                )
             elif isinstance(item, FunctionCallItem):
                 try:
                     args = json.loads(item.arguments)
                 except json.JSONDecodeError:
                     args = None
                 if not isinstance(args, dict):
-                    raise ApiError("invalid_request", f"input[{i}].arguments must be a JSON object, as a string",
-                                   param=f"input[{i}].arguments")
+                    raise ApiError(
+                        "invalid_request",
+                        f"input[{i}].arguments must be a JSON object, as a string",
+                        param=f"input[{i}].arguments",
+                    )
                 call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": args}}
                 names[item.call_id] = item.name
                 last = out[-1] if out else None
@@ -247,10 +268,20 @@ class ResponseRequest(_Strict):
                     out.append({"role": "assistant", "content": None, "tool_calls": [call]})
             else:
                 if item.call_id not in names:
-                    raise ApiError("invalid_request", f"input[{i}] answers call_id `{item.call_id}`, but no "
-                                   "function_call with that call_id precedes it", param=f"input[{i}].call_id")
-                out.append({"role": "tool", "tool_call_id": item.call_id, "name": names[item.call_id],
-                            "content": _text(item.output)})
+                    raise ApiError(
+                        "invalid_request",
+                        f"input[{i}] answers call_id `{item.call_id}`, but no "
+                        "function_call with that call_id precedes it",
+                        param=f"input[{i}].call_id",
+                    )
+                out.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": item.call_id,
+                        "name": names[item.call_id],
+                        "content": _text(item.output),
+                    }
+                )
         return out
 
 

@@ -71,8 +71,12 @@ def _previous(body: ResponseRequest, lookup: Lookup) -> Turn | None:
         return None
     prev = lookup(body.previous_response_id)
     if prev is None:
-        raise ApiError("invalid_request", f"Previous response with id '{clip(body.previous_response_id)}' not found.",
-                       param="previous_response_id", code="previous_response_not_found")
+        raise ApiError(
+            "invalid_request",
+            f"Previous response with id '{clip(body.previous_response_id)}' not found.",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
     return prev
 
 
@@ -85,7 +89,9 @@ def _grammar(tools: list[ToolSpec], choice: ToolChoice, answer: StructuredOutput
         raise ApiError("invalid_request", str(e).replace("response_format", "text.format"), param=param) from e
 
 
-async def prepare_turn(state: ServerState, body: ResponseRequest, lookup: Lookup, generate: bool = True) -> PreparedTurn:
+async def prepare_turn(
+    state: ServerState, body: ResponseRequest, lookup: Lookup, generate: bool = True
+) -> PreparedTurn:
     """Validate, build the prompt and admit; raises ApiError (nothing is left behind)."""
     state.check_input(body)
     model = state.select(body.model)
@@ -108,21 +114,39 @@ async def prepare_turn(state: ServerState, body: ResponseRequest, lookup: Lookup
         return render_text(tok, messages, tools, add_generation_prompt)
 
     try:
-        ids, history, _ = await state.tokenizers.run(functools.partial(
-            build_prompt, tok, prev, body.instructions, new, model.name, render=render, tools=tools_key,
-            add_generation_prompt=generate))
+        ids, history, _ = await state.tokenizers.run(
+            functools.partial(
+                build_prompt,
+                tok,
+                prev,
+                body.instructions,
+                new,
+                model.name,
+                render=render,
+                tools=tools_key,
+                add_generation_prompt=generate,
+            )
+        )
     except ValueError as e:  # no template, or the template refused the conversation
         raise ApiError("invalid_request", str(e), param="input") from e
     try:
         # A warm-up prefills the prompt; the one token sampled with it is dropped.
-        max_tokens = resolve_max_tokens(model.engine, len(ids), body.max_output_tokens if generate else 1,
-                                        "max_output_tokens")
+        max_tokens = resolve_max_tokens(
+            model.engine, len(ids), body.max_output_tokens if generate else 1, "max_output_tokens"
+        )
     except ApiError as e:
         e.param = "input" if e.param == "messages" else e.param  # the prompt's field in this API
         raise
-    params = make_params(model, temperature=body.temperature, top_p=body.top_p, seed=body.seed, max_tokens=max_tokens,
-                         speculative=body.speculative, structured=structured if generate else None,
-                         logprobs=body.logprobs if generate else None)
+    params = make_params(
+        model,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        max_tokens=max_tokens,
+        speculative=body.speculative,
+        structured=structured if generate else None,
+        logprobs=body.logprobs if generate else None,
+    )
     model.check_request(ids, params, "input")
     admission = model.admission.admit(tier_choice(body.service_tier), len(ids), max_tokens)
     job = Job(state, model, ids, params, admission)
@@ -157,17 +181,34 @@ class ResponseRun:
         self._seq = 0
         body, job = p.body, p.job
         self.response = {
-            "id": p.response_id, "object": "response", "created_at": int(time.time()), "status": "in_progress",
-            "background": False, "error": None, "incomplete_details": None, "instructions": body.instructions,
-            "max_output_tokens": body.max_output_tokens, "model": job.model.name, "output": [],
+            "id": p.response_id,
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "in_progress",
+            "background": False,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "model": job.model.name,
+            "output": [],
             "parallel_tool_calls": body.parallel_tool_calls is not False,
-            "previous_response_id": body.previous_response_id, "reasoning": {"effort": None, "summary": None},
-            "store": body.store is not False, "temperature": job.params.temperature, "text": body.text_config(),
-            "tool_choice": body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump")
+            "previous_response_id": body.previous_response_id,
+            "reasoning": {"effort": None, "summary": None},
+            "store": body.store is not False,
+            "temperature": job.params.temperature,
+            "text": body.text_config(),
+            "tool_choice": body.tool_choice.model_dump()
+            if hasattr(body.tool_choice, "model_dump")
             else body.tool_choice_mode(),
-            "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()], "top_logprobs": body.top_logprobs,
-            "top_p": job.params.top_p, "truncation": "disabled", "usage": None, "user": body.user,
-            "metadata": body.metadata or {}, **tier_fields(job.admission),
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
+            "top_logprobs": body.top_logprobs,
+            "top_p": job.params.top_p,
+            "truncation": "disabled",
+            "usage": None,
+            "user": body.user,
+            "metadata": body.metadata or {},
+            **tier_fields(job.admission),
         }
 
     def _event(self, event: dict) -> dict:
@@ -197,8 +238,20 @@ class ResponseRun:
             yield self._failed(e, [])
             return
         final = {**self.response, "status": "completed", "usage": usage(job.last, len(job.prompt_ids), False)}
-        self._finish(Turn(self.p.response_id, self.p.body.instructions, self.p.history, list(job.prompt_ids), [],
-                          True, job.model.name, self.p.tools_key, generated=False), final)
+        self._finish(
+            Turn(
+                self.p.response_id,
+                self.p.body.instructions,
+                self.p.history,
+                list(job.prompt_ids),
+                [],
+                True,
+                job.model.name,
+                self.p.tools_key,
+                generated=False,
+            ),
+            final,
+        )
         yield {"type": "response.completed", "response": final}
 
     async def _generate(self) -> AsyncIterator[dict]:
@@ -243,11 +296,22 @@ class ResponseRun:
         calls = parser.calls if parser is not None else []
         if calls:
             reply["content"] = reply["content"] or None
-            reply["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                   for c in calls]
-        self._finish(Turn(self.p.response_id, self.p.body.instructions, self.p.history + [reply],
-                          list(o.prompt_token_ids), list(o.token_ids), reusable=kind != "stop_string",
-                          model=job.model.name, tools=self.p.tools_key), final)
+            reply["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+            ]
+        self._finish(
+            Turn(
+                self.p.response_id,
+                self.p.body.instructions,
+                self.p.history + [reply],
+                list(o.prompt_token_ids),
+                list(o.token_ids),
+                reusable=kind != "stop_string",
+                model=job.model.name,
+                tools=self.p.tools_key,
+            ),
+            final,
+        )
         yield {"type": f"response.{status}", "response": final}
 
     @staticmethod
@@ -277,6 +341,10 @@ class ResponseRun:
     def _failed(self, e: ApiError, output: list[dict]) -> dict:
         self.error = e
         code = {"rate_limit": "rate_limit_exceeded", "invalid_request": "invalid_prompt"}.get(e.kind, "server_error")
-        self.final = {**self.response, "status": "failed", "output": output,
-                      "error": {"code": code, "message": e.body(OPENAI)["error"]["message"]}}
+        self.final = {
+            **self.response,
+            "status": "failed",
+            "output": output,
+            "error": {"code": code, "message": e.body(OPENAI)["error"]["message"]},
+        }
         return {"type": "response.failed", "response": self.final}

@@ -44,8 +44,15 @@ class _Connection:
     async def send_error(self, e: ApiError) -> None:
         """An error outside any response: an event stream of its own, so its sequence_number is 0."""
         err = e.body(OPENAI)["error"]
-        event = {"type": "error", "status": e.status(OPENAI), "code": err["code"], "message": err["message"],
-                 "param": err["param"], "error": err, "sequence_number": 0}
+        event = {
+            "type": "error",
+            "status": e.status(OPENAI),
+            "code": err["code"],
+            "message": err["message"],
+            "param": err["param"],
+            "error": err,
+            "sequence_number": 0,
+        }
         if e.retry_after_s is not None:
             event["retry_after_seconds"] = e.retry_after_s
         await self.send(event)
@@ -72,19 +79,22 @@ class _Connection:
                 except TimeoutError:
                     if task is not None and not task.done():
                         continue  # a response is running: the connection is not idle
-                    await self.ws.close(code=1000, reason="idle timeout: no message for "
-                                        f"{self.state.config.ws_idle_timeout_s:g} s")
+                    await self.ws.close(
+                        code=1000, reason=f"idle timeout: no message for {self.state.config.ws_idle_timeout_s:g} s"
+                    )
                     return
                 if msg["type"] == "websocket.disconnect":
                     return
                 text = msg.get("text")
                 if text is None:  # a binary frame: events are JSON text
-                    await self.ws.close(code=1003, reason="binary frames are not accepted; send each event as "
-                                        "JSON in a text frame")
+                    await self.ws.close(
+                        code=1003, reason="binary frames are not accepted; send each event as JSON in a text frame"
+                    )
                     return
                 if len(text) > self.state.config.max_body_bytes:
-                    await self.ws.close(code=1009, reason="message too big: the limit is "
-                                        f"{self.state.config.max_body_mib:g} MiB")
+                    await self.ws.close(
+                        code=1009, reason=f"message too big: the limit is {self.state.config.max_body_mib:g} MiB"
+                    )
                     return
                 try:
                     try:
@@ -93,15 +103,24 @@ class _Connection:
                         raise ApiError("invalid_request", "the message nests too deeply", code="invalid_json") from None
                     if not isinstance(event, dict) or event.get("type") != "response.create":
                         kind = event.get("type") if isinstance(event, dict) else None
-                        raise ApiError("invalid_request", f"unknown event type {clip(repr(kind))}; send response.create",
-                                       param="type", code="unknown_event")
+                        raise ApiError(
+                            "invalid_request",
+                            f"unknown event type {clip(repr(kind))}; send response.create",
+                            param="type",
+                            code="unknown_event",
+                        )
                     if task is not None and not task.done():
-                        raise ApiError("invalid_request", "a response is already in progress on this connection; "
-                                       "wait for it to finish or open another connection",
-                                       code="response_already_in_flight")
+                        raise ApiError(
+                            "invalid_request",
+                            "a response is already in progress on this connection; "
+                            "wait for it to finish or open another connection",
+                            code="response_already_in_flight",
+                        )
                     run = await self._prepare(event)
                 except json.JSONDecodeError as e:
-                    await self.send_error(ApiError("invalid_request", f"the message is not valid JSON: {e}", code="invalid_json"))
+                    await self.send_error(
+                        ApiError("invalid_request", f"the message is not valid JSON: {e}", code="invalid_json")
+                    )
                     continue
                 except ApiError as e:
                     await self.send_error(e)

@@ -32,8 +32,12 @@ _ERRORS_WRITTEN_S = 2.0  # how long aborted requests get to write their error be
 
 
 def draining_error() -> ApiError:
-    return ApiError("overloaded", "the server is shutting down and takes no new requests; retry shortly",
-                    code="server_shutting_down", retry_after_s=_RETRY_AFTER_S)
+    return ApiError(
+        "overloaded",
+        "the server is shutting down and takes no new requests; retry shortly",
+        code="server_shutting_down",
+        retry_after_s=_RETRY_AFTER_S,
+    )
 
 
 class DrainGate:

@@ -48,8 +48,10 @@ class ServerState:
         if served is None:
             names = ", ".join(f"`{n}`" for n in self.models)
             raise ApiError(
-                "not_found", f"The model `{clip(model)}` does not exist; this server serves {names}",
-                param="model", code="model_not_found",
+                "not_found",
+                f"The model `{clip(model)}` does not exist; this server serves {names}",
+                param="model",
+                code="model_not_found",
             )
         return served
 

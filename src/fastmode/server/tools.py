@@ -87,8 +87,10 @@ class ToolSpec:
 
     def as_hf(self) -> dict:
         """The shape chat templates expect (transformers' `tools=` argument)."""
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
 
 @dataclass(frozen=True)
@@ -115,14 +117,20 @@ def check_tools(tools: Sequence[ToolSpec], param: str = "tools") -> None:
     seen: set[str] = set()
     for i, t in enumerate(tools):
         if not _NAME_RE.fullmatch(t.name):
-            raise ToolError(f"{param}[{i}] has the name {t.name!r}; tool names are 1-128 characters "
-                            "of letters, digits, '_', '.' and '-'", param)
+            raise ToolError(
+                f"{param}[{i}] has the name {t.name!r}; tool names are 1-128 characters "
+                "of letters, digits, '_', '.' and '-'",
+                param,
+            )
         if t.name in seen:
             raise ToolError(f"{param}[{i}]: two tools are named {t.name!r}; tool names must be unique", param)
         seen.add(t.name)
         if not isinstance(t.parameters, dict) or t.parameters.get("type", "object") != "object":
-            raise ToolError(f"{param}[{i}] ({t.name}): the parameters schema must describe a JSON object "
-                            '({"type": "object", ...})', param)
+            raise ToolError(
+                f"{param}[{i}] ({t.name}): the parameters schema must describe a JSON object "
+                '({"type": "object", ...})',
+                param,
+            )
         error = _schema_error(json.dumps(_arguments_schema(t), sort_keys=True))
         if error:
             raise ToolError(f"{param}[{i}] ({t.name}): the parameters schema is not usable: {error}", param)
@@ -161,8 +169,9 @@ def _lark_string(s: str) -> str:
     return json.dumps(s)  # a Lark string literal uses JSON's escapes
 
 
-def tool_grammar(tools: Sequence[ToolSpec], choice: ToolChoice,
-                 answer: StructuredOutput | None = None) -> StructuredOutput | None:
+def tool_grammar(
+    tools: Sequence[ToolSpec], choice: ToolChoice, answer: StructuredOutput | None = None
+) -> StructuredOutput | None:
     """The Lark grammar (llguidance dialect) for a turn with `tools` under `choice`.
 
     `answer` (a json_schema or json_object output, as OpenAI's response_format
@@ -189,7 +198,7 @@ def tool_grammar(tools: Sequence[ToolSpec], choice: ToolChoice,
             raise ToolError(f"tool_choice names {choice.name!r}, which is not in `tools` ({names})", "tool_choice")
     # A named choice is one call of that tool, as the APIs document it; parallel calls are for auto and required.
     parallel = choice.parallel and choice.mode != "named"
-    more = f'more: ({_lark_string(CALL_SEPARATOR + CALL_OPEN)} call)*\n' if parallel else "more: \n"
+    more = f"more: ({_lark_string(CALL_SEPARATOR + CALL_OPEN)} call)*\n" if parallel else "more: \n"
     calls = f"{_lark_string(CALL_OPEN)} call more"
     if choice.mode != "auto":
         start = f"start: {calls}\n"
@@ -217,6 +226,7 @@ def _answer_schema(answer: StructuredOutput) -> str:
 
 
 # --- rendering the prompt ---------------------------------------------------------------
+
 
 def format_call(name: str, arguments: dict | str) -> str:
     """One call in the canonical layout, as the grammar makes the model write it."""
@@ -265,7 +275,10 @@ def fallback_messages(messages: Sequence[Message], tools: Sequence[ToolSpec]) ->
     if tools:
         section = _tools_section(tools)
         if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{section}" if out[0]["content"] else section}
+            out[0] = {
+                "role": "system",
+                "content": f"{out[0]['content']}\n\n{section}" if out[0]["content"] else section,
+            }
         else:
             out.insert(0, {"role": "system", "content": section})
     return out
@@ -289,8 +302,9 @@ def renders_tools(tok: Tokenizer) -> bool:
     return _native_by_template[template]
 
 
-def render_text(tok: Tokenizer, messages: Sequence[Message], tools: Sequence[ToolSpec] = (),
-                add_generation_prompt: bool = True) -> str:
+def render_text(
+    tok: Tokenizer, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), add_generation_prompt: bool = True
+) -> str:
     """The prompt text for a conversation with tools (either way of rendering)."""
     if renders_tools(tok):
         return tok.apply_chat_template(messages, add_generation_prompt, tools=[t.as_hf() for t in tools] or None)
@@ -304,6 +318,7 @@ def render_prompt(tok: Tokenizer, messages: Sequence[Message], tools: Sequence[T
 
 
 # --- parsing generated text -------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TextDelta:
@@ -513,4 +528,3 @@ def _partial_suffix(text: str, tag: str) -> int:
         if text.endswith(tag[:n]):
             return n
     return 0
-

@@ -17,5 +17,17 @@ from fastmode.sim.simulator import SimConfig, SimResult, kv_cache_blocks, simula
 from fastmode.sim.step_timer import StepTimer
 from fastmode.sim.workload import RequestSpec, WorkloadConfig, generate_workload, load_jsonl, save_jsonl
 
-__all__ = ["ArrivalProcess", "LengthDist", "RequestSpec", "SimConfig", "SimResult", "StepTimer", "WorkloadConfig",
-           "generate_workload", "kv_cache_blocks", "load_jsonl", "save_jsonl", "simulate"]
+__all__ = [
+    "ArrivalProcess",
+    "LengthDist",
+    "RequestSpec",
+    "SimConfig",
+    "SimResult",
+    "StepTimer",
+    "WorkloadConfig",
+    "generate_workload",
+    "kv_cache_blocks",
+    "load_jsonl",
+    "save_jsonl",
+    "simulate",
+]

@@ -30,7 +30,9 @@ class SimulateOptions:
     model: str = field(default="llama-3.1-8b", metadata={"choices": model_names})  # catalog model
     hardware: str = field(default="h100", metadata={"choices": hardware_names})  # catalog hardware
     tp: str = "auto"  # devices the model is split over, or 'auto' (fewest that hold the weights)
-    weight_format: str | None = field(default=None, metadata={"aliases": ("format",), "choices": lambda: sorted(FORMATS)})  # weight storage (none: the calibration file's, else the model's)
+    weight_format: str | None = field(
+        default=None, metadata={"aliases": ("format",), "choices": lambda: sorted(FORMATS)}
+    )  # weight storage (none: the calibration file's, else the model's)
     kv_dtype_bytes: float = 2.0  # bytes per KV element
     calibration: str | None = None  # calibration JSON applied to the hardware (fastmode calibrate writes one)
     usd_per_hour: float | None = None  # per device-hour (none: the catalog's)
@@ -60,17 +62,40 @@ class SimulateOptions:
 _GROUPS = {
     "machine": ("model", "hardware", "tp", "weight_format", "kv_dtype_bytes", "calibration", "usd_per_hour"),
     "scheduler (defaults are the engine's)": (
-        "fast_lane_max_batch", "max_num_seqs", "max_num_batched_tokens", "block_size", "aging_s", "kv_cache_gib",
-        "prefix_caching", "step_jitter_cv"),
-    "workload": ("workload", "save_workload", "num_requests", "rate", "arrival", "burstiness", "on_s", "off_s",
-                 "prompt_len", "output_len", "tier_mix", "seed"),
+        "fast_lane_max_batch",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "block_size",
+        "aging_s",
+        "kv_cache_gib",
+        "prefix_caching",
+        "step_jitter_cv",
+    ),
+    "workload": (
+        "workload",
+        "save_workload",
+        "num_requests",
+        "rate",
+        "arrival",
+        "burstiness",
+        "on_s",
+        "off_s",
+        "prompt_len",
+        "output_len",
+        "tier_mix",
+        "seed",
+    ),
     "output": ("json",),
 }
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("simulate", help="simulate the real scheduler on a hardware cost model",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "simulate",
+        help="simulate the real scheduler on a hardware cost model",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     for title, names in _GROUPS.items():
         add_dataclass_args(p, SimulateOptions, only=names, title=title)
     p.set_defaults(func=run)
@@ -85,14 +110,23 @@ def build_workload(args: argparse.Namespace):
     cfg = WorkloadConfig(
         num_requests=args.num_requests,
         arrival=ArrivalProcess(args.arrival, args.rate, args.burstiness, args.on_s, args.off_s),
-        prompt_len=LengthDist.parse(args.prompt_len), output_len=LengthDist.parse(args.output_len),
-        tier_mix=args.tier_mix, seed=args.seed)
+        prompt_len=LengthDist.parse(args.prompt_len),
+        output_len=LengthDist.parse(args.output_len),
+        tier_mix=args.tier_mix,
+        seed=args.seed,
+    )
     reqs = generate_workload(cfg)
     if args.save_workload:
         save_jsonl(reqs, args.save_workload)
-    return reqs, {"num_requests": cfg.num_requests, "arrival": args.arrival, "rate_per_s": args.rate,
-                  "prompt_len": str(cfg.prompt_len), "output_len": str(cfg.output_len),
-                  "tier_mix": {t.value: s for t, s in cfg.tier_mix}, "seed": cfg.seed}
+    return reqs, {
+        "num_requests": cfg.num_requests,
+        "arrival": args.arrival,
+        "rate_per_s": args.rate,
+        "prompt_len": str(cfg.prompt_len),
+        "output_len": str(cfg.output_len),
+        "tier_mix": {t.value: s for t, s in cfg.tier_mix},
+        "seed": cfg.seed,
+    }
 
 
 def build_report(args: argparse.Namespace) -> dict[str, Any]:
@@ -111,20 +145,33 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     cm = CostModel(hw, model, tp=tp, weight_format=fmt, kv_dtype_bytes=args.kv_dtype_bytes)
     lane = None if str(args.fast_lane_max_batch).lower() in ("none", "0", "off") else int(args.fast_lane_max_batch)
     sched = SchedulerConfig(
-        num_blocks=kv_cache_blocks(cm, args.block_size, args.kv_cache_gib), block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        fast_lane_max_batch=lane, aging_s=args.aging_s or None, max_model_len=model.max_context_tokens,
-        enable_prefix_caching=args.prefix_caching)
+        num_blocks=kv_cache_blocks(cm, args.block_size, args.kv_cache_gib),
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        fast_lane_max_batch=lane,
+        aging_s=args.aging_s or None,
+        max_model_len=model.max_context_tokens,
+        enable_prefix_caching=args.prefix_caching,
+    )
     usd_device = args.usd_per_hour if args.usd_per_hour is not None else (hw.usd_per_hour or 0.0)
     usd_machine = usd_device * cm.num_devices
     workload, wl_info = build_workload(args)
-    result = simulate(workload, cm, SimConfig(sched, usd_machine, step_jitter_cv=args.step_jitter_cv,
-                                              jitter_seed=args.seed))
+    result = simulate(
+        workload, cm, SimConfig(sched, usd_machine, step_jitter_cv=args.step_jitter_cv, jitter_seed=args.seed)
+    )
     report = sim_report(result, usd_machine)
-    report["setup"] = {"model": model.name, "hardware": hw.name, "tp": cm.num_devices,
-                       "weight_format": cm.fmt.name, "calibration": args.calibration,
-                       "usd_per_machine_hour": usd_machine, "scheduler": sched.__dict__, "workload": wl_info,
-                       "step_jitter_cv": args.step_jitter_cv}
+    report["setup"] = {
+        "model": model.name,
+        "hardware": hw.name,
+        "tp": cm.num_devices,
+        "weight_format": cm.fmt.name,
+        "calibration": args.calibration,
+        "usd_per_machine_hour": usd_machine,
+        "scheduler": sched.__dict__,
+        "workload": wl_info,
+        "step_jitter_cv": args.step_jitter_cv,
+    }
     return report
 
 
@@ -141,8 +188,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     s = report["setup"]
     lane = s["scheduler"]["fast_lane_max_batch"]
-    title = (f"{s['model']} on {s['tp']}x {s['hardware']} [{s['weight_format']}], fast lane {lane}, "
-             f"max {s['scheduler']['max_num_seqs']} seqs, {s['scheduler']['num_blocks']:,} KV blocks, "
-             f"{s['usd_per_machine_hour']:.2f} $/machine-hour")
+    title = (
+        f"{s['model']} on {s['tp']}x {s['hardware']} [{s['weight_format']}], fast lane {lane}, "
+        f"max {s['scheduler']['max_num_seqs']} seqs, {s['scheduler']['num_blocks']:,} KV blocks, "
+        f"{s['usd_per_machine_hour']:.2f} $/machine-hour"
+    )
     print(format_report(report, title))
     return 0

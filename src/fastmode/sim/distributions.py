@@ -43,7 +43,7 @@ class LengthDist:
             raise ValueError("max_tokens must be >= 0")
 
     @classmethod
-    def parse(cls, text: str | int) -> "LengthDist":
+    def parse(cls, text: str | int) -> LengthDist:
         """'256' | 'fixed:256' | 'uniform:64:512' | 'lognormal:256:0.8[:MAX]'."""
         parts = str(text).strip().split(":")
         try:
@@ -51,7 +51,9 @@ class LengthDist:
                 return cls("fixed", float(parts[0]))
             kind, nums = parts[0], [float(p) for p in parts[1:]]
         except ValueError:
-            raise ValueError(f"cannot parse length {text!r}; use N, uniform:LO:HI or lognormal:MEAN:SIGMA[:MAX]") from None
+            raise ValueError(
+                f"cannot parse length {text!r}; use N, uniform:LO:HI or lognormal:MEAN:SIGMA[:MAX]"
+            ) from None
         if kind == "fixed" and len(nums) == 1:
             return cls("fixed", nums[0])
         if kind in ("uniform", "lognormal") and len(nums) in (2, 3):

@@ -57,9 +57,15 @@ def summarize_tier(tier: str, reqs: list[RequestMetrics]) -> TierSummary:
     out_tok = sum(r.completion_tokens for r in reqs)
     cost = sum(r.cost_usd for r in reqs)
     return TierSummary(
-        tier=tier, num_requests=len(reqs), output_tokens=out_tok,
-        ttft_p50_s=_q(ttft, 0.5), ttft_p99_s=_q(ttft, 0.99), ttft_mean_s=_mean(ttft),
-        tpot_mean_s=_mean(tpot), tpot_p50_s=_q(tpot, 0.5), tpot_p99_s=_q(tpot, 0.99),
+        tier=tier,
+        num_requests=len(reqs),
+        output_tokens=out_tok,
+        ttft_p50_s=_q(ttft, 0.5),
+        ttft_p99_s=_q(ttft, 0.99),
+        ttft_mean_s=_mean(ttft),
+        tpot_mean_s=_mean(tpot),
+        tpot_p50_s=_q(tpot, 0.5),
+        tpot_p99_s=_q(tpot, 0.99),
         tok_s_mean=_mean(1.0 / tpot) if tpot.size else float("nan"),
         tok_s_p50=_q(1.0 / tpot, 0.5) if tpot.size else float("nan"),
         e2e_p50_s=_q(np.array([r.e2e_s for r in reqs]), 0.5),
@@ -107,11 +113,15 @@ def format_report(report: dict, title: str = "") -> str:
     head = f"{'tier':<9}{'reqs':>7}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT ms':>9}{'tok/s p50':>10}{'$/Mtok':>10}{'preempt':>8}"
     lines.append(head)
     for t, s in report["tiers"].items():
-        lines.append(f"{t:<9}{s['num_requests']:>7}{s['ttft_p50_s']:>9.3f}s{s['ttft_p99_s']:>9.3f}s"
-                     f"{s['tpot_mean_s'] * 1e3:>9.2f}{s['tok_s_p50']:>10.1f}{s['usd_per_mtok']:>10.4f}{s['num_preemptions']:>8}")
+        lines.append(
+            f"{t:<9}{s['num_requests']:>7}{s['ttft_p50_s']:>9.3f}s{s['ttft_p99_s']:>9.3f}s"
+            f"{s['tpot_mean_s'] * 1e3:>9.2f}{s['tok_s_p50']:>10.1f}{s['usd_per_mtok']:>10.4f}{s['num_preemptions']:>8}"
+        )
     a = report["aggregate"]
-    lines.append(f"aggregate: {a['throughput_tok_s']:,.0f} output tok/s over {a['makespan_s']:.1f} s simulated, "
-                 f"utilization {a['utilization']:.0%}, {a['usd_per_mtok_all_in']:.4f} $/Mtok all-in, "
-                 f"{a['num_steps']:,} steps ({a['lane_step_share']:.0%} in the fast lane), "
-                 f"{a['num_preemptions']} preemptions; simulated in {a['sim_wall_s']:.1f} s")
+    lines.append(
+        f"aggregate: {a['throughput_tok_s']:,.0f} output tok/s over {a['makespan_s']:.1f} s simulated, "
+        f"utilization {a['utilization']:.0%}, {a['usd_per_mtok_all_in']:.4f} $/Mtok all-in, "
+        f"{a['num_steps']:,} steps ({a['lane_step_share']:.0%} in the fast lane), "
+        f"{a['num_preemptions']} preemptions; simulated in {a['sim_wall_s']:.1f} s"
+    )
     return "\n".join(lines)

@@ -90,8 +90,10 @@ def kv_cache_blocks(cost_model: CostModel, block_size: int = 16, kv_cache_gib: f
         free = cost_model.num_devices * cost_model.hardware.usable_mem_bytes - cost_model.weight_bytes
     blocks = int(free // per_block)
     if blocks < 1:
-        raise ValueError(f"no room for a KV cache: {cost_model.model.name} weights fill "
-                         f"{cost_model.num_devices}x {cost_model.hardware.name} (raise --tp)")
+        raise ValueError(
+            f"no room for a KV cache: {cost_model.model.name} weights fill "
+            f"{cost_model.num_devices}x {cost_model.hardware.name} (raise --tp)"
+        )
     return blocks
 
 
@@ -107,8 +109,12 @@ def make_sequence(spec: RequestSpec, index: int) -> Sequence:
     return Sequence(spec.request_id, spec.prompt_token_ids(index), params, spec.tier, spec.arrival_s)
 
 
-def simulate(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig = SimConfig(),
-             step_seconds: StepSeconds | None = None) -> SimResult:
+def simulate(
+    workload: list[RequestSpec],
+    cost_model: CostModel,
+    config: SimConfig = SimConfig(),
+    step_seconds: StepSeconds | None = None,
+) -> SimResult:
     """Run `workload` to completion; every request must finish (or this raises).
 
     `step_seconds` prices each step in place of the cost model (StepTimer), e.g. to follow a
@@ -138,8 +144,13 @@ def _jitter(cv: float, seed: int):
     return functools.partial(rng.lognormvariate, -sigma * sigma / 2, sigma)
 
 
-def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
-         step_seconds: StepSeconds | None = None, skip_prefix_cache: bool = False) -> SimResult | None:
+def _run(
+    workload: list[RequestSpec],
+    cost_model: CostModel,
+    config: SimConfig,
+    step_seconds: StepSeconds | None = None,
+    skip_prefix_cache: bool = False,
+) -> SimResult | None:
     """One simulation. With `skip_prefix_cache` the scheduler runs without its prefix cache,
     and this returns None at the first preemption, from where the result could differ."""
     t_wall = time.perf_counter()
@@ -164,8 +175,10 @@ def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
         while i < n and pending[i].arrival_s <= now:
             spec = pending[i]
             if spec.prompt_tokens + spec.output_tokens > max_len:
-                raise ValueError(f"{spec.request_id}: prompt + output = {spec.prompt_tokens + spec.output_tokens} "
-                                 f"tokens exceeds max_model_len {max_len}")
+                raise ValueError(
+                    f"{spec.request_id}: prompt + output = {spec.prompt_tokens + spec.output_tokens} "
+                    f"tokens exceeds max_model_len {max_len}"
+                )
             sched.add(make_sequence(spec, i))
             i += 1
         if not sched.has_work:
@@ -180,8 +193,10 @@ def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
             if i < n:  # nothing fits until more work arrives or leaves: wait for the next arrival
                 now = max(now, pending[i].arrival_s)
                 continue
-            raise RuntimeError(f"scheduler stalled at t={now:.3f}s with {len(sched.waiting)} waiting, "
-                               f"{len(sched.running)} running and no arrivals left")
+            raise RuntimeError(
+                f"scheduler stalled at t={now:.3f}s with {len(sched.waiting)} waiting, "
+                f"{len(sched.running)} running and no arrivals left"
+            )
         # One pass over the batch: what the cost model needs, and who samples a token. Both read
         # num_computed_tokens, so they must be taken before the update advances it.
         chunks, contexts, sampled = [], [], {}
@@ -209,6 +224,16 @@ def _run(workload: list[RequestSpec], cost_model: CostModel, config: SimConfig,
                 metrics.append(request_metrics(seq, usd))
                 rids.append(seq.request_id)
 
-    return SimResult(metrics, rids, now, busy, num_steps, lane_steps, sched.num_preemptions,
-                     sched.block_manager.num_free_blocks, config.scheduler.num_blocks,
-                     time.perf_counter() - t_wall, steps)
+    return SimResult(
+        metrics,
+        rids,
+        now,
+        busy,
+        num_steps,
+        lane_steps,
+        sched.num_preemptions,
+        sched.block_manager.num_free_blocks,
+        config.scheduler.num_blocks,
+        time.perf_counter() - t_wall,
+        steps,
+    )

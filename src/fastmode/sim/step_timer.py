@@ -78,8 +78,10 @@ class StepTimer:
         if self.check_every and self.num_calls % self.check_every == 0:
             ref = self._direct(chunks, contexts)
             if abs(t - ref) > self.rel_tol * ref:
-                raise RuntimeError(f"step timer drifted from CostModel.step_cost: {t!r} vs {ref!r} "
-                                   f"for chunks={chunks}, {len(contexts)} decodes; the affine shortcut no longer holds")
+                raise RuntimeError(
+                    f"step timer drifted from CostModel.step_cost: {t!r} vs {ref!r} "
+                    f"for chunks={chunks}, {len(contexts)} decodes; the affine shortcut no longer holds"
+                )
         return t
 
     def _direct(self, chunks, contexts) -> float:
@@ -94,5 +96,12 @@ class StepTimer:
             return p0.mem_s, 0.0, p0.comp_s, 0.0, p0.floor_s, fixed0, 0.0
         p1 = cm.step_cost(chunks, [_PROBE_CONTEXT] * num_decodes)
         lever = float(_PROBE_CONTEXT * num_decodes)
-        return (p0.mem_s, (p1.mem_s - p0.mem_s) / lever, p0.comp_s, (p1.comp_s - p0.comp_s) / lever,
-                p0.floor_s, fixed0, (p1.comm_s + p1.overhead_s - fixed0) / lever)
+        return (
+            p0.mem_s,
+            (p1.mem_s - p0.mem_s) / lever,
+            p0.comp_s,
+            (p1.comp_s - p0.comp_s) / lever,
+            p0.floor_s,
+            fixed0,
+            (p1.comm_s + p1.overhead_s - fixed0) / lever,
+        )

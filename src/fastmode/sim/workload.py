@@ -60,20 +60,32 @@ class RequestSpec:
         return ids
 
     def to_json(self) -> dict:
-        d = {"id": self.request_id, "arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
-             "output_tokens": self.output_tokens, "tier": self.tier.value}
+        d = {
+            "id": self.request_id,
+            "arrival_s": self.arrival_s,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "tier": self.tier.value,
+        }
         if self.prefix_group is not None:
             d.update(prefix_group=self.prefix_group, prefix_tokens=self.prefix_tokens)
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "RequestSpec":
+    def from_json(cls, d: dict) -> RequestSpec:
         unknown = set(d) - _JSON_KEYS
         if unknown:
             raise ValueError(f"unknown keys {sorted(unknown)} (known: {sorted(_JSON_KEYS)})")
         group = d.get("prefix_group")
-        return cls(str(d["id"]), float(d["arrival_s"]), int(d["prompt_tokens"]), int(d["output_tokens"]),
-                   Tier.parse(d.get("tier")), None if group is None else int(group), int(d.get("prefix_tokens", 0)))
+        return cls(
+            str(d["id"]),
+            float(d["arrival_s"]),
+            int(d["prompt_tokens"]),
+            int(d["output_tokens"]),
+            Tier.parse(d.get("tier")),
+            None if group is None else int(group),
+            int(d.get("prefix_tokens", 0)),
+        )
 
 
 def parse_tier_mix(text: str) -> tuple[tuple[Tier, float], ...]:
@@ -118,8 +130,10 @@ def generate_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
     outputs = cfg.output_len.sample(rng, n)
     tiers = [t for t, _ in cfg.tier_mix]
     picks = rng.choice(len(tiers), size=n, p=[s for _, s in cfg.tier_mix])
-    return [RequestSpec(f"r{i}", float(a), int(p), int(o), tiers[k])
-            for i, (a, p, o, k) in enumerate(zip(arrivals, prompts, outputs, picks))]
+    return [
+        RequestSpec(f"r{i}", float(a), int(p), int(o), tiers[k])
+        for i, (a, p, o, k) in enumerate(zip(arrivals, prompts, outputs, picks))
+    ]
 
 
 def save_jsonl(requests: list[RequestSpec], path: str | Path) -> None:

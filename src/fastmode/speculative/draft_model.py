@@ -53,7 +53,9 @@ class DraftModelProposer:
         self.block_size = block_size
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype)) for _ in range(cfg.num_layers)]
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype)) for _ in range(cfg.num_layers)
+        ]
         self.shadows: dict[str, _Shadow] = {}
 
     def catch_up_tokens(self, seq: Sequence) -> int:

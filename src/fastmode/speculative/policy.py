@@ -52,7 +52,9 @@ class SpecConfig:
     max_draft_tokens: int = 6  # upper bound on k; the policy adapts k to measured acceptance
     max_batch: int = 4  # no speculation when more sequences than this decode together (see fastmode calibrate)
     ema: float = 0.3  # weight of the newest acceptance observation
-    verify_cost: float = 0.05  # prior extra verify cost per drafted token, as a fraction of a plain step (until measured)
+    verify_cost: float = (
+        0.05  # prior extra verify cost per drafted token, as a fraction of a plain step (until measured)
+    )
     min_gain: float = 1.05  # speculate only when the expected speed-up is at least this (0 = always)
     probe_every: int = 16  # a sequence that stopped speculating retries one draft token every N steps
 
