@@ -32,9 +32,22 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-
-SIMD_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512vbmi",
-              "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+SIMD_FLAGS = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx_vnni",
+    "avx512f",
+    "avx512bw",
+    "avx512dq",
+    "avx512vl",
+    "avx512vbmi",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 
 def cpu_description() -> dict:
@@ -51,13 +64,19 @@ def cpu_description() -> dict:
     except OSError:
         pass
     flags = cpu_flags()
-    return {"cpu": model, "vcpus": os.cpu_count(), "simd_flags": [f for f in SIMD_FLAGS if f in flags],
-            "fastmode_kernels_isa": select_isa()}
+    return {
+        "cpu": model,
+        "vcpus": os.cpu_count(),
+        "simd_flags": [f for f in SIMD_FLAGS if f in flags],
+        "fastmode_kernels_isa": select_isa(),
+    }
 
 
 def cpu_line(d: dict) -> str:
-    return (f"{d['cpu']}, {d['vcpus']} vCPUs; flags: {' '.join(d['simd_flags']) or 'none of note'}; "
-            f"fastmode kernels: {d['fastmode_kernels_isa']}")
+    return (
+        f"{d['cpu']}, {d['vcpus']} vCPUs; flags: {' '.join(d['simd_flags']) or 'none of note'}; "
+        f"fastmode kernels: {d['fastmode_kernels_isa']}"
+    )
 
 
 def dram_read_gbs(threads: int, mib: int = 1024, repeats: int = 5) -> float:
@@ -96,8 +115,9 @@ def _model_bytes(gguf_path: str) -> tuple[int, int]:
         f = r.fields[key]
         return int(f.parts[f.data[0]][0])
 
-    layers, heads, kv_heads, width = (field(s) for s in (".block_count", ".attention.head_count",
-                                                         ".attention.head_count_kv", ".embedding_length"))
+    layers, heads, kv_heads, width = (
+        field(s) for s in (".block_count", ".attention.head_count", ".attention.head_count_kv", ".embedding_length")
+    )
     return weights, layers * 2 * kv_heads * (width // heads)
 
 
@@ -127,28 +147,34 @@ def bench_matmuls(k, mods, rows: list[int], repeats: int, int8: bool = False) ->
     print(f"{'rows':>5} {'fastmode ms':>12} {'PyTorch fp32 ms':>16} {'ratio':>6}   (all {len(mods)} linears)")
     for m_rows in rows:
         xs = {K: torch.randn(m_rows, K) for K in {m.in_features for m in mods}}
-        ours = best_of(lambda: [k.quant_matmul(xs[m.in_features], m.qweight, m.qtype, int8) for m in mods], repeats)
-        peer = best_of(lambda: [F.linear(xs[m.in_features], w) for m, w in zip(mods, dense)], repeats)
+        ours = best_of(
+            lambda xs=xs: [k.quant_matmul(xs[m.in_features], m.qweight, m.qtype, int8) for m in mods], repeats
+        )
+        peer = best_of(lambda xs=xs: [F.linear(xs[m.in_features], w) for m, w in zip(mods, dense)], repeats)
         print(f"{m_rows:>5} {ours * 1e3:>12.2f} {peer * 1e3:>16.2f} {peer / ours:>5.2f}x", flush=True)
     head, w = mods[-1], dense[-1]
     x = torch.randn(1, head.in_features)
     ours = best_of(lambda: k.quant_matmul(x, head.qweight, head.qtype, int8), repeats * 3)
     peer = best_of(lambda: F.linear(x, w), repeats * 3)
-    print(f"output head alone ({head.out_features} x {head.in_features}), 1 row: fastmode {ours * 1e3:.2f} ms, "
-          f"PyTorch fp32 {peer * 1e3:.2f} ms ({peer / ours:.2f}x)")
+    print(
+        f"output head alone ({head.out_features} x {head.in_features}), 1 row: fastmode {ours * 1e3:.2f} ms, "
+        f"PyTorch fp32 {peer * 1e3:.2f} ms ({peer / ours:.2f}x)"
+    )
     i = max(range(len(mods) - 1), key=lambda j: mods[j].out_features * mods[j].in_features)  # the head excluded
     big, w = mods[i], dense[i]
     for m_rows in (1, 16):  # 16 rows: the many-row path (AMX tiles where the build has them)
         x = torch.randn(m_rows, big.in_features)
-        ours = best_of(lambda: [k.quant_matmul(x, big.qweight, big.qtype, int8) for _ in range(100)], repeats) / 100
-        peer = best_of(lambda: [F.linear(x, w) for _ in range(100)], repeats) / 100
+        ours = best_of(lambda x=x: [k.quant_matmul(x, big.qweight, big.qtype, int8) for _ in range(100)], repeats) / 100
+        peer = best_of(lambda x=x: [F.linear(x, w) for _ in range(100)], repeats) / 100
         exact = x.double() @ w.double().T  # the blocks' exact values times x, in float64
         scale = exact.abs().max().item()
         err = (k.quant_matmul(x, big.qweight, big.qtype, int8).double() - exact).abs().max().item() / scale
         err_peer = (F.linear(x, w).double() - exact).abs().max().item() / scale
-        print(f"largest layer linear ({big.out_features} x {big.in_features}), {m_rows} row(s), in cache: fastmode "
-              f"{ours * 1e6:.0f} us, PyTorch fp32 {peer * 1e6:.0f} us ({peer / ours:.2f}x); max |error| against "
-              f"float64, over the largest output: fastmode {err:.1e}, PyTorch fp32 {err_peer:.1e}")
+        print(
+            f"largest layer linear ({big.out_features} x {big.in_features}), {m_rows} row(s), in cache: fastmode "
+            f"{ours * 1e6:.0f} us, PyTorch fp32 {peer * 1e6:.0f} us ({peer / ours:.2f}x); max |error| against "
+            f"float64, over the largest output: fastmode {err:.1e}, PyTorch fp32 {err_peer:.1e}"
+        )
 
 
 def _dequantized(k, m) -> torch.Tensor:
@@ -161,7 +187,10 @@ def bench_attention(k, repeats: int, batch: int = 16, ctx: int = 228) -> None:
     heads, kv_heads, hd, bs = 9, 3, 64, 16  # SmolLM2-135M's attention shape, the engine's block size
     per_seq = (ctx + bs - 1) // bs
     g = torch.Generator().manual_seed(0)
-    kc, vc = torch.randn(batch * per_seq + 1, bs, kv_heads, hd, generator=g), torch.randn(batch * per_seq + 1, bs, kv_heads, hd, generator=g)
+    kc, vc = (
+        torch.randn(batch * per_seq + 1, bs, kv_heads, hd, generator=g),
+        torch.randn(batch * per_seq + 1, bs, kv_heads, hd, generator=g),
+    )
     tables = torch.randperm(batch * per_seq, generator=g).view(batch, per_seq) + 1
     lens = torch.full((batch,), ctx, dtype=torch.long)
     lens[::3] -= 37  # ragged contexts
@@ -179,15 +208,19 @@ def bench_attention(k, repeats: int, batch: int = 16, ctx: int = 228) -> None:
     err = (ours_out - torch_path()).abs().max().item()
     ours = best_of(lambda: k.paged_decode_attention(q, kc, vc, tables, lens, hd**-0.5), repeats * 3)
     peer = best_of(torch_path, repeats * 3)
-    print(f"decode attention, {batch} seqs x ~{ctx} tokens, one layer: fastmode {ours * 1e3:.3f} ms, "
-          f"PyTorch {peer * 1e3:.3f} ms ({peer / ours:.2f}x); max |difference| {err:.1e}")
+    print(
+        f"decode attention, {batch} seqs x ~{ctx} tokens, one layer: fastmode {ours * 1e3:.3f} ms, "
+        f"PyTorch {peer * 1e3:.3f} ms ({peer / ours:.2f}x); max |difference| {err:.1e}"
+    )
 
     # A step's view: every layer's cache once, each cold. 30 layers x 16 x 228 tokens of fp32 K/V
     # is ~130 MB, more than any cache here, so each layer's reads come from DRAM as in a step.
     layers, sweep = 30, {}
     for dtype in (torch.float32, torch.float16):
-        caches = [(torch.randn(kc.shape, generator=g).to(dtype), torch.randn(vc.shape, generator=g).to(dtype))
-                  for _ in range(layers)]
+        caches = [
+            (torch.randn(kc.shape, generator=g).to(dtype), torch.randn(vc.shape, generator=g).to(dtype))
+            for _ in range(layers)
+        ]
 
         def step(caches=caches):
             for kl, vl in caches:
@@ -196,8 +229,10 @@ def bench_attention(k, repeats: int, batch: int = 16, ctx: int = 228) -> None:
         sweep[dtype] = best_of(step, max(3, repeats // 2)) / layers
         del caches
     f32, f16 = sweep[torch.float32], sweep[torch.float16]
-    print(f"decode attention per layer over {layers} layers' caches in turn (cold): fp32 K/V {f32 * 1e3:.3f} ms, "
-          f"fp16 K/V {f16 * 1e3:.3f} ms ({f32 / f16:.2f}x)")
+    print(
+        f"decode attention per layer over {layers} layers' caches in turn (cold): fp32 K/V {f32 * 1e3:.3f} ms, "
+        f"fp16 K/V {f16 * 1e3:.3f} ms ({f32 / f16:.2f}x)"
+    )
 
 
 def main() -> None:
@@ -205,8 +240,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rows", default="1,4,8,16,64,512")
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--int8-activations", action="store_true",
-                   help="fastmode quantizes activations to int8 per block (native-int8) instead of fp32")
+    p.add_argument(
+        "--int8-activations",
+        action="store_true",
+        help="fastmode quantizes activations to int8 per block (native-int8) instead of fp32",
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -222,10 +260,14 @@ def main() -> None:
     loaded = load_model(None)
     amx = k.amx_unavailable_reason()
     print(f"machine: {cpu_line(cpu_description())}; {machine()}")
-    print(f"model: {loaded.name} ({loaded.weight_format})  kernels: {k.isa()}, fp32 path {k.fp32_lanes()} lanes, "
-          f"int8 dot {k.int8_dot()}, AMX {f'from {k.direct_max_rows() + 1} rows' if not amx else 'off: ' + amx}")
+    print(
+        f"model: {loaded.name} ({loaded.weight_format})  kernels: {k.isa()}, fp32 path {k.fp32_lanes()} lanes, "
+        f"int8 dot {k.int8_dot()}, AMX {f'from {k.direct_max_rows() + 1} rows' if not amx else 'off: ' + amx}"
+    )
     with torch.inference_mode():
-        bench_matmuls(k, linears(loaded.model), [int(r) for r in args.rows.split(",")], args.repeats, args.int8_activations)
+        bench_matmuls(
+            k, linears(loaded.model), [int(r) for r in args.rows.split(",")], args.repeats, args.int8_activations
+        )
         bench_attention(k, args.repeats)
 
 

@@ -71,6 +71,7 @@ FIRST_PROMPT_TOKEN = 32  # skip the special tokens at the bottom of the vocabula
 
 # ---------------------------------------------------------------- model and prompts
 
+
 def default_model() -> Path:
     from fastmode.loader.default_model import default_model_path
 
@@ -99,8 +100,13 @@ def gguf_info(path: Path) -> dict:
         tensor_types[t.tensor_type.name] = tensor_types.get(t.tensor_type.name, 0) + 1
     tokens = r.fields.get("tokenizer.ggml.tokens")
     vocab = len(tokens.data) if tokens is not None else None
-    return {"path": str(path), "quant": quant or "?", "tensor_types": tensor_types, "vocab_size": vocab,
-            "size_mib": round(path.stat().st_size / 2**20, 1)}
+    return {
+        "path": str(path),
+        "quant": quant or "?",
+        "tensor_types": tensor_types,
+        "vocab_size": vocab,
+        "size_mib": round(path.stat().st_size / 2**20, 1),
+    }
 
 
 def make_prompts(vocab_size: int, batch: int, npp: int, seed: int, tag: str) -> list[list[int]]:
@@ -113,6 +119,7 @@ def make_prompts(vocab_size: int, batch: int, npp: int, seed: int, tag: str) -> 
 
 
 # ---------------------------------------------------------------- the difference method
+
 
 def diff_method(run, batch: int, args: argparse.Namespace, vocab: int) -> dict:
     """Decode tok/s of `run(prompts, max_new_tokens) -> seconds` by the max-tokens-1 vs NTG+1 difference."""
@@ -130,7 +137,9 @@ def diff_method(run, batch: int, args: argparse.Namespace, vocab: int) -> dict:
         "batch": batch,
         "decode_tok_s": statistics.median(ok) if ok else None,
         "prefill_tok_s": statistics.median(prefill),
-        "t_short_s": shorts, "t_long_s": longs, "decode_tok_s_each": decode,
+        "t_short_s": shorts,
+        "t_long_s": longs,
+        "decode_tok_s_each": decode,
         "method": f"B*NTG / (t(max_tokens={args.ntg + 1}) - t(max_tokens=1)), median of {args.repeats}",
     }
 
@@ -141,6 +150,7 @@ def check_lengths(got: list[int], want: int, engine: str) -> None:
 
 
 # ---------------------------------------------------------------- workers (one subprocess each)
+
 
 def worker_fastmode(args: argparse.Namespace, info: dict) -> dict:
     from fastmode import LLM, SamplingParams
@@ -164,24 +174,41 @@ def worker_fastmode(args: argparse.Namespace, info: dict) -> dict:
         precision = f"{loaded.weight_format} (dequantized from {info['quant']}), {kv} KV"
     else:
         acts = "int8" if "int8-activations" in loaded.weight_format else "fp32"
-        precision = f"{loaded.weight_format.replace('+int8-activations', '')} GGUF (as stored), {acts} activations, {kv} KV"
-    changed = [f"{k}={v}" for k, v in (("weights", args.fastmode_weights), ("dtype", args.fastmode_dtype))
-               if v != {"weights": "native", "dtype": "auto"}[k]]
+        precision = (
+            f"{loaded.weight_format.replace('+int8-activations', '')} GGUF (as stored), {acts} activations, {kv} KV"
+        )
+    changed = [
+        f"{k}={v}"
+        for k, v in (("weights", args.fastmode_weights), ("dtype", args.fastmode_dtype))
+        if v != {"weights": "native", "dtype": "auto"}[k]
+    ]
     config = ", ".join(changed) or "default EngineConfig"
     from fastmode.kernels import ops
 
     k = ops()
     kernels = f"{k.isa()} (int8 dot: {k.int8_dot()})" if k is not None else "none"
-    return {"engine": "fastmode", "version": fastmode.__version__, "precision": precision,
-            "config": f"{config}, standard tier, num_threads=--threads", "kernels": kernels, "rows": rows}
+    return {
+        "engine": "fastmode",
+        "version": fastmode.__version__,
+        "precision": precision,
+        "config": f"{config}, standard tier, num_threads=--threads",
+        "kernels": kernels,
+        "rows": rows,
+    }
 
 
 def worker_llama_cpp_python(args: argparse.Namespace, info: dict) -> dict:
     import llama_cpp
     from llama_cpp import Llama
 
-    llm = Llama(model_path=info["path"], n_ctx=args.npp + args.ntg + 64, n_batch=512,
-                n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+    llm = Llama(
+        model_path=info["path"],
+        n_ctx=args.npp + args.ntg + 64,
+        n_batch=512,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        verbose=False,
+    )
 
     def run(prompts: list[list[int]], n: int) -> float:
         assert len(prompts) == 1
@@ -196,9 +223,13 @@ def worker_llama_cpp_python(args: argparse.Namespace, info: dict) -> dict:
         return dt
 
     rows = [diff_method(run, b, args, info["vocab_size"]) for b in args.batch_list if b == 1]
-    return {"engine": "llama-cpp-python", "version": llama_cpp.__version__,
-            "precision": f"{info['quant']} GGUF (as stored), int8 activations, f16 KV",
-            "config": "Llama.generate, greedy, batch 1 only (the Python API decodes one sequence)", "rows": rows}
+    return {
+        "engine": "llama-cpp-python",
+        "version": llama_cpp.__version__,
+        "precision": f"{info['quant']} GGUF (as stored), int8 activations, f16 KV",
+        "config": "Llama.generate, greedy, batch 1 only (the Python API decodes one sequence)",
+        "rows": rows,
+    }
 
 
 def worker_transformers(args: argparse.Namespace, info: dict) -> dict:
@@ -219,8 +250,14 @@ def worker_transformers(args: argparse.Namespace, info: dict) -> dict:
         ids = torch.tensor(prompts, dtype=torch.long, device=model.device)
         with torch.inference_mode():
             t = time.perf_counter()
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                 min_new_tokens=n, do_sample=False, pad_token_id=0)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
             if cuda:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t
@@ -228,10 +265,13 @@ def worker_transformers(args: argparse.Namespace, info: dict) -> dict:
         return dt
 
     rows = [diff_method(run, b, args, info["vocab_size"]) for b in args.batch_list]
-    return {"engine": "transformers", "version": transformers.__version__,
-            "precision": f"{'bf16, cuda' if cuda else 'fp32'} (dequantized from {info['quant']})",
-            "config": "AutoModelForCausalLM.from_pretrained(gguf_file=...), generate, greedy, DynamicCache",
-            "rows": rows}
+    return {
+        "engine": "transformers",
+        "version": transformers.__version__,
+        "precision": f"{'bf16, cuda' if cuda else 'fp32'} (dequantized from {info['quant']})",
+        "config": "AutoModelForCausalLM.from_pretrained(gguf_file=...), generate, greedy, DynamicCache",
+        "rows": rows,
+    }
 
 
 def worker_vllm(args: argparse.Namespace, info: dict) -> dict:
@@ -239,8 +279,13 @@ def worker_vllm(args: argparse.Namespace, info: dict) -> dict:
     from vllm import LLM as VLLM
     from vllm import SamplingParams as VSP
 
-    kwargs = dict(model=args.vllm_model or info["path"], max_model_len=args.npp + args.ntg + 64, max_num_seqs=max(args.batch_list),
-                  gpu_memory_utilization=args.vllm_gpu_memory_utilization, seed=args.seed)
+    kwargs = dict(
+        model=args.vllm_model or info["path"],
+        max_model_len=args.npp + args.ntg + 64,
+        max_num_seqs=max(args.batch_list),
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        seed=args.seed,
+    )
     if args.vllm_tokenizer:
         kwargs["tokenizer"] = args.vllm_tokenizer
     llm = VLLM(**kwargs)
@@ -259,9 +304,13 @@ def worker_vllm(args: argparse.Namespace, info: dict) -> dict:
     except AttributeError:
         dtype = "?"
     weights = f"{info['quant']} GGUF weights" if not args.vllm_model else f"{args.vllm_model} (HF export)"
-    return {"engine": "vllm", "version": vllm.__version__,
-            "precision": f"{weights}, {_short_dtype(dtype)} activations",
-            "config": "offline LLM.generate, prompt_token_ids, greedy, ignore_eos", "rows": rows}
+    return {
+        "engine": "vllm",
+        "version": vllm.__version__,
+        "precision": f"{weights}, {_short_dtype(dtype)} activations",
+        "config": "offline LLM.generate, prompt_token_ids, greedy, ignore_eos",
+        "rows": rows,
+    }
 
 
 def worker_bandwidth(args: argparse.Namespace, info: dict) -> dict:
@@ -270,8 +319,13 @@ def worker_bandwidth(args: argparse.Namespace, info: dict) -> dict:
     return {"engine": "bandwidth", "dram_read_gbs": dram_read_gbs(args.threads), "threads": args.threads}
 
 
-WORKERS = {"fastmode": worker_fastmode, "llama-cpp-python": worker_llama_cpp_python,
-           "transformers": worker_transformers, "vllm": worker_vllm, "bandwidth": worker_bandwidth}
+WORKERS = {
+    "fastmode": worker_fastmode,
+    "llama-cpp-python": worker_llama_cpp_python,
+    "transformers": worker_transformers,
+    "vllm": worker_vllm,
+    "bandwidth": worker_bandwidth,
+}
 
 
 def _short_dtype(name: str) -> str:
@@ -279,6 +333,7 @@ def _short_dtype(name: str) -> str:
 
 
 # ---------------------------------------------------------------- llama.cpp (llama-batched-bench)
+
 
 def find_binary(llama_cpp_dir: str | Path, name: str) -> Path | None:
     """The binary in DIR/build/bin, DIR/bin or DIR (the build script's output dir, or the bin dir itself)."""
@@ -296,8 +351,10 @@ def parse_batched_bench(text: str) -> list[dict]:
         line = line.strip()
         if line.startswith("{") and '"speed_tg"' in line:
             d = json.loads(line)
-            rows.append({k: d[k] for k in ("pp", "tg", "pl", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed")}
-                        | {"flash_attn": d.get("flash_attn"), "n_threads": d.get("n_threads")})
+            rows.append(
+                {k: d[k] for k in ("pp", "tg", "pl", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed")}
+                | {"flash_attn": d.get("flash_attn"), "n_threads": d.get("n_threads")}
+            )
         elif line.startswith("|") and not line.startswith("|--"):
             cells = [c.strip() for c in line.strip("|").split("|")]
             if len(cells) == 10 and cells[0].isdigit():
@@ -309,12 +366,34 @@ def parse_batched_bench(text: str) -> list[dict]:
 def run_llama_cpp(args: argparse.Namespace, info: dict) -> dict:
     exe = find_binary(args.llama_cpp_dir, "llama-batched-bench")
     if exe is None:
-        raise FileNotFoundError(f"llama-batched-bench not found under {args.llama_cpp_dir} "
-                                "(build it: benchmarks/peers/build_llama_cpp.sh, or pass --llama-cpp-dir)")
+        raise FileNotFoundError(
+            f"llama-batched-bench not found under {args.llama_cpp_dir} "
+            "(build it: benchmarks/peers/build_llama_cpp.sh, or pass --llama-cpp-dir)"
+        )
     ctx = max(4096, max(args.batch_list) * (args.npp + args.ntg))
-    cmd = [str(exe), "-m", info["path"], "-c", str(ctx), "-b", "2048", "-ub", "512",
-           "-npp", str(args.npp), "-ntg", str(args.ntg), "-npl", ",".join(map(str, args.batch_list)),
-           "-t", str(args.threads), "-tb", str(args.threads), "--output-format", "jsonl"]
+    cmd = [
+        str(exe),
+        "-m",
+        info["path"],
+        "-c",
+        str(ctx),
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "-npp",
+        str(args.npp),
+        "-ntg",
+        str(args.ntg),
+        "-npl",
+        ",".join(map(str, args.batch_list)),
+        "-t",
+        str(args.threads),
+        "-tb",
+        str(args.threads),
+        "--output-format",
+        "jsonl",
+    ]
     if args.llama_ngl is not None:
         cmd += ["-ngl", str(args.llama_ngl)]
     rows_by_batch: dict[int, list[dict]] = {}
@@ -323,8 +402,9 @@ def run_llama_cpp(args: argparse.Namespace, info: dict) -> dict:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
         if p.returncode != 0:
             raise RuntimeError(f"llama-batched-bench exited {p.returncode}: {p.stderr[-2000:]}")
-        system_info = next((ln.strip() for ln in (p.stderr + p.stdout).splitlines() if "system_info" in ln),
-                           system_info)
+        system_info = next(
+            (ln.strip() for ln in (p.stderr + p.stdout).splitlines() if "system_info" in ln), system_info
+        )
         parsed = parse_batched_bench(p.stdout) or parse_batched_bench(p.stderr)
         if not parsed:
             raise RuntimeError(f"could not parse llama-batched-bench output:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
@@ -335,22 +415,38 @@ def run_llama_cpp(args: argparse.Namespace, info: dict) -> dict:
         got = rows_by_batch.get(b, [])
         if not got:
             continue
-        rows.append({"batch": b, "decode_tok_s": statistics.median(r["speed_tg"] for r in got),
-                     "prefill_tok_s": statistics.median(r["speed_pp"] for r in got), "raw": got,
-                     "method": f"llama-batched-bench S_TG = B*TG / T_TG, median of {len(got)}"})
-    return {"engine": "llama.cpp", "version": f"vendored by llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}",
-            "binary": str(exe), "command": " ".join(cmd), "system_info": system_info,
-            "precision": f"{info['quant']} GGUF (as stored), int8 activations, f16 KV",
-            "config": "llama-batched-bench, prompts not shared", "rows": rows}
+        rows.append(
+            {
+                "batch": b,
+                "decode_tok_s": statistics.median(r["speed_tg"] for r in got),
+                "prefill_tok_s": statistics.median(r["speed_pp"] for r in got),
+                "raw": got,
+                "method": f"llama-batched-bench S_TG = B*TG / T_TG, median of {len(got)}",
+            }
+        )
+    return {
+        "engine": "llama.cpp",
+        "version": f"vendored by llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}",
+        "binary": str(exe),
+        "command": " ".join(cmd),
+        "system_info": system_info,
+        "precision": f"{info['quant']} GGUF (as stored), int8 activations, f16 KV",
+        "config": "llama-batched-bench, prompts not shared",
+        "rows": rows,
+    }
 
 
 # ---------------------------------------------------------------- orchestration
 
+
 def availability(name: str, args: argparse.Namespace) -> str | None:
     """None when the peer can run here, else why it is skipped."""
     if name == "llama.cpp":
-        return None if find_binary(args.llama_cpp_dir, "llama-batched-bench") else \
-            f"not built (no llama-batched-bench under {args.llama_cpp_dir}; see benchmarks/peers/README.md)"
+        return (
+            None
+            if find_binary(args.llama_cpp_dir, "llama-batched-bench")
+            else f"not built (no llama-batched-bench under {args.llama_cpp_dir}; see benchmarks/peers/README.md)"
+        )
     if name == "llama-cpp-python":
         if 1 not in args.batch_list:
             return "batch 1 not requested (it only runs batch 1)"
@@ -372,7 +468,7 @@ def run_worker_subprocess(name: str, args: argparse.Namespace) -> dict:
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.timeout_s, env=env)
     for line in reversed(p.stdout.splitlines()):
         if line.startswith(RESULT_MARK):
-            return json.loads(line[len(RESULT_MARK):])
+            return json.loads(line[len(RESULT_MARK) :])
     raise RuntimeError(f"{name} worker exited {p.returncode} without a result (its stderr is above)")
 
 
@@ -394,8 +490,9 @@ def combine_rounds(rounds: list[dict], args: argparse.Namespace, info: dict) -> 
         for name, res in rnd["results"].items():
             e = results.setdefault(name, {k: v for k, v in res.items() if k != "rows"} | {"by_batch": {}})
             for r in res["rows"]:
-                b = e["by_batch"].setdefault(r["batch"], {"decode": [], "prefill": [], "ratio": [], "roofline": [],
-                                                          "raw": []})
+                b = e["by_batch"].setdefault(
+                    r["batch"], {"decode": [], "prefill": [], "ratio": [], "roofline": [], "raw": []}
+                )
                 d, ref = r["decode_tok_s"], base.get(r["batch"])
                 b["decode"].append(d)
                 b["prefill"].append(r["prefill_tok_s"])
@@ -410,10 +507,19 @@ def combine_rounds(rounds: list[dict], args: argparse.Namespace, info: dict) -> 
         e = results[name]
         rows = []
         for batch, b in sorted(e.pop("by_batch").items()):
-            rows.append({"batch": batch, "decode_tok_s": med(b["decode"]), "prefill_tok_s": med(b["prefill"]),
-                         "vs_llama_cpp": med(b["ratio"]), "roofline_fraction": med(b["roofline"]),
-                         "decode_tok_s_by_round": b["decode"], "vs_llama_cpp_by_round": b["ratio"],
-                         "roofline_fraction_by_round": b["roofline"], "raw_by_round": b["raw"]})
+            rows.append(
+                {
+                    "batch": batch,
+                    "decode_tok_s": med(b["decode"]),
+                    "prefill_tok_s": med(b["prefill"]),
+                    "vs_llama_cpp": med(b["ratio"]),
+                    "roofline_fraction": med(b["roofline"]),
+                    "decode_tok_s_by_round": b["decode"],
+                    "vs_llama_cpp_by_round": b["ratio"],
+                    "roofline_fraction_by_round": b["roofline"],
+                    "raw_by_round": b["raw"],
+                }
+            )
         out.append(e | {"rows": rows})
     return out
 
@@ -430,19 +536,34 @@ def print_table(results: list[dict], rounds: list[dict], mach: dict, info: dict,
     if llama and llama.get("system_info"):
         print(f"llama.cpp {llama['system_info']}")
     print(f"model:   {info['path']} ({info['quant']}, {info['size_mib']} MiB)")
-    print(f"prompts: {args.npp} tokens, decode {args.ntg} tokens, greedy, every answer full length; "
-          f"{args.rounds} round(s), the engines' order alternating, {args.repeats} repeat(s) each; medians over rounds")
+    print(
+        f"prompts: {args.npp} tokens, decode {args.ntg} tokens, greedy, every answer full length; "
+        f"{args.rounds} round(s), the engines' order alternating, {args.repeats} repeat(s) each; medians over rounds"
+    )
     print("1-min load average at each round's start: " + ", ".join(f"{r['load_1min']:.2f}" for r in rounds))
-    print("DRAM read bandwidth (GB/s, --threads threads, each round): "
-          + (", ".join(f"{x:.1f}" for x in bws) + f"; median {bw:.1f}" if bws else "not measured"))
+    print(
+        "DRAM read bandwidth (GB/s, --threads threads, each round): "
+        + (", ".join(f"{x:.1f}" for x in bws) + f"; median {bw:.1f}" if bws else "not measured")
+    )
     if bw:
         for batch in args.batch_list:
             step = decode_bytes_per_step(info["path"], batch, context)
-            print(f"memory roofline at batch {batch}: {roofline_tok_s(bw, info['path'], batch, context):.0f} tok/s "
-                  f"({step['total'] / 1e6:.1f} MB read per step: weights {step['weights'] / 1e6:.1f} MB, "
-                  f"f16 K/V {step['kv'] / 1e6:.1f} MB at ~{context:.0f} tokens of context)")
-    header = ("engine", "precision", "batch", "decode tok/s", "each round", "prefill tok/s", "vs llama.cpp",
-              "each round", "of roofline")
+            print(
+                f"memory roofline at batch {batch}: {roofline_tok_s(bw, info['path'], batch, context):.0f} tok/s "
+                f"({step['total'] / 1e6:.1f} MB read per step: weights {step['weights'] / 1e6:.1f} MB, "
+                f"f16 K/V {step['kv'] / 1e6:.1f} MB at ~{context:.0f} tokens of context)"
+            )
+    header = (
+        "engine",
+        "precision",
+        "batch",
+        "decode tok/s",
+        "each round",
+        "prefill tok/s",
+        "vs llama.cpp",
+        "each round",
+        "of roofline",
+    )
     lines = []
     for e in results:
         for r in e["rows"]:
@@ -450,8 +571,19 @@ def print_table(results: list[dict], rounds: list[dict], mach: dict, info: dict,
             ratios = " ".join("-" if x is None else f"{x:.2f}" for x in r["vs_llama_cpp_by_round"])
             ratio = "-" if r["vs_llama_cpp"] is None else f"{r['vs_llama_cpp']:.2f}x"
             roof = "-" if r["roofline_fraction"] is None else f"{100 * r['roofline_fraction']:.0f}%"
-            lines.append((e["engine"], e["precision"], str(r["batch"]), fmt(r["decode_tok_s"]), each,
-                          fmt(r["prefill_tok_s"]), ratio, ratios if e["engine"] != "llama.cpp" else "-", roof))
+            lines.append(
+                (
+                    e["engine"],
+                    e["precision"],
+                    str(r["batch"]),
+                    fmt(r["decode_tok_s"]),
+                    each,
+                    fmt(r["prefill_tok_s"]),
+                    ratio,
+                    ratios if e["engine"] != "llama.cpp" else "-",
+                    roof,
+                )
+            )
     widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
     print("  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
     for x in lines:
@@ -462,33 +594,57 @@ def print_table(results: list[dict], rounds: list[dict], mach: dict, info: dict,
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                epilog="Method and caveats: the module docstring and benchmarks/peers/README.md.")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Method and caveats: the module docstring and benchmarks/peers/README.md.",
+    )
     p.add_argument("--model", help="GGUF file (default: the embedded default model's)")
     p.add_argument("--threads", type=int, default=2, help="threads every engine gets (default 2)")
     p.add_argument("--npp", type=int, default=128, help="prompt tokens per sequence (default 128)")
     p.add_argument("--ntg", type=int, default=128, help="decoded tokens per sequence (default 128)")
     p.add_argument("--batches", default="1,16", help="concurrent sequences, comma-separated (default 1,16)")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="rounds: every engine once per round, the order alternating (ABBA); medians over rounds (default 3)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds: every engine once per round, the order alternating (ABBA); medians over rounds (default 3)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="timed repeats per point within a round (median; default 1)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fastmode-weights", default="native", choices=["native", "native-int8", "dequantize"],
-                   help="fastmode's EngineConfig.weights (default: native, what LLM() uses)")
-    p.add_argument("--fastmode-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="fastmode's EngineConfig.dtype (default: auto, what LLM() uses: fp32 on the CPU)")
+    p.add_argument(
+        "--fastmode-weights",
+        default="native",
+        choices=["native", "native-int8", "dequantize"],
+        help="fastmode's EngineConfig.weights (default: native, what LLM() uses)",
+    )
+    p.add_argument(
+        "--fastmode-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="fastmode's EngineConfig.dtype (default: auto, what LLM() uses: fp32 on the CPU)",
+    )
     p.add_argument("--skip", default="", help=f"comma-separated peers not to run: {','.join(ENGINES)}")
-    p.add_argument("--llama-cpp-dir", default=DEFAULT_LLAMA_CPP_DIR,
-                   help="the build script's output dir, or the dir holding llama-batched-bench "
-                        "(default: $FASTMODE_LLAMA_CPP_DIR or %(default)s)")
-    p.add_argument("--vllm-model", help="vLLM: a Hugging Face dir to load instead of the GGUF (see the README: "
-                                        "an export of the same GGUF, for vLLM builds without GGUF support)")
+    p.add_argument(
+        "--llama-cpp-dir",
+        default=DEFAULT_LLAMA_CPP_DIR,
+        help="the build script's output dir, or the dir holding llama-batched-bench "
+        "(default: $FASTMODE_LLAMA_CPP_DIR or %(default)s)",
+    )
+    p.add_argument(
+        "--vllm-model",
+        help="vLLM: a Hugging Face dir to load instead of the GGUF (see the README: "
+        "an export of the same GGUF, for vLLM builds without GGUF support)",
+    )
     p.add_argument("--vllm-tokenizer", help="vLLM: tokenizer dir/id (default: read from the model)")
     p.add_argument("--llama-ngl", type=int, help="llama.cpp: -ngl (GPU layers) for a CUDA build; default: not passed")
     p.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--timeout-s", type=float, default=3600, help="limit on each engine's subprocess")
-    p.add_argument("--wait-load", type=float, default=None,
-                   help="before measuring, wait until the 1-minute load average is below this (default: no wait)")
+    p.add_argument(
+        "--wait-load",
+        type=float,
+        default=None,
+        help="before measuring, wait until the 1-minute load average is below this (default: no wait)",
+    )
     p.add_argument("--wait-load-s", type=float, default=1800, help="the longest --wait-load waits (default 1800)")
     p.add_argument("--out", default=str(ROOT / "runs" / "peers" / "peers.json"))
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
@@ -498,13 +654,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = args.skip_set - set(ENGINES)
     if unknown:
         p.error(f"--skip: unknown peer(s) {sorted(unknown)}; choose from {', '.join(ENGINES)}")
-    if args.ntg < 1 or args.npp < 1 or args.repeats < 1 or args.rounds < 1 or not args.batch_list or min(args.batch_list) < 1:
+    if (
+        args.ntg < 1
+        or args.npp < 1
+        or args.repeats < 1
+        or args.rounds < 1
+        or not args.batch_list
+        or min(args.batch_list) < 1
+    ):
         p.error("--npp, --ntg, --repeats, --rounds and --batches must be positive")
     # What a worker subprocess needs to see the same settings.
-    args.passthrough = ["--threads", str(args.threads), "--npp", str(args.npp), "--ntg", str(args.ntg),
-                        "--batches", args.batches, "--repeats", str(args.repeats), "--seed", str(args.seed),
-                        "--vllm-gpu-memory-utilization", str(args.vllm_gpu_memory_utilization),
-                        "--fastmode-weights", args.fastmode_weights, "--fastmode-dtype", args.fastmode_dtype]
+    args.passthrough = [
+        "--threads",
+        str(args.threads),
+        "--npp",
+        str(args.npp),
+        "--ntg",
+        str(args.ntg),
+        "--batches",
+        args.batches,
+        "--repeats",
+        str(args.repeats),
+        "--seed",
+        str(args.seed),
+        "--vllm-gpu-memory-utilization",
+        str(args.vllm_gpu_memory_utilization),
+        "--fastmode-weights",
+        args.fastmode_weights,
+        "--fastmode-dtype",
+        args.fastmode_dtype,
+    ]
     if args.model:
         args.passthrough += ["--model", args.model]
     for flag, val in (("--vllm-tokenizer", args.vllm_tokenizer), ("--vllm-model", args.vllm_model)):
@@ -524,8 +703,12 @@ def wait_for_quiet(max_load: float | None, limit_s: float) -> dict:
         time.sleep(15)
     quiet = load < max_load
     if not quiet:
-        print(f"warning: measuring at a 1-min load of {load:.2f} (>= {max_load:g} after {limit_s:.0f} s of waiting): "
-              "other work shares the CPU, the figures are skewed", file=sys.stderr, flush=True)
+        print(
+            f"warning: measuring at a 1-min load of {load:.2f} (>= {max_load:g} after {limit_s:.0f} s of waiting): "
+            "other work shares the CPU, the figures are skewed",
+            file=sys.stderr,
+            flush=True,
+        )
     return {"waited_s": round(time.monotonic() - t0), "load_1min": load, "quiet": quiet}
 
 
@@ -574,8 +757,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             res["wall_s"] = round(time.perf_counter() - t, 1)
             for r in res["rows"]:
-                print(f"   batch {r['batch']:>3}: decode {fmt(r['decode_tok_s'])} tok/s, "
-                      f"prefill {fmt(r['prefill_tok_s'])} tok/s", flush=True)
+                print(
+                    f"   batch {r['batch']:>3}: decode {fmt(r['decode_tok_s'])} tok/s, "
+                    f"prefill {fmt(r['prefill_tok_s'])} tok/s",
+                    flush=True,
+                )
             this["results"][name] = res
         rounds.append(this)
     for r in rounds:  # a peer that failed in a later round is left out of every round
@@ -586,17 +772,34 @@ def main(argv: list[str] | None = None) -> int:
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     bws = [r["dram_read_gbs"] for r in rounds if r.get("dram_read_gbs")]
-    out = write_json(args.out, {
-        "benchmark": "peers", "machine": mach, "model": info, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "settings": {"threads": args.threads, "npp": args.npp, "ntg": args.ntg, "batches": args.batch_list,
-                     "rounds": args.rounds, "repeats": args.repeats, "seed": args.seed,
-                     "llama_cpp_dir": str(args.llama_cpp_dir)},
-        "dram_read_gbs": statistics.median(bws) if bws else None, "quiet_start": quiet,
-        "results": results,
-        "rounds": [{"order": r["order"], "dram_read_gbs": r.get("dram_read_gbs"), "load_1min": r["load_1min"]}
-                   for r in rounds],
-        "skipped": skipped, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    })
+    out = write_json(
+        args.out,
+        {
+            "benchmark": "peers",
+            "machine": mach,
+            "model": info,
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "settings": {
+                "threads": args.threads,
+                "npp": args.npp,
+                "ntg": args.ntg,
+                "batches": args.batch_list,
+                "rounds": args.rounds,
+                "repeats": args.repeats,
+                "seed": args.seed,
+                "llama_cpp_dir": str(args.llama_cpp_dir),
+            },
+            "dram_read_gbs": statistics.median(bws) if bws else None,
+            "quiet_start": quiet,
+            "results": results,
+            "rounds": [
+                {"order": r["order"], "dram_read_gbs": r.get("dram_read_gbs"), "load_1min": r["load_1min"]}
+                for r in rounds
+            ],
+            "skipped": skipped,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+    )
     print(f"results: {out}")
     return 0 if results else 1
 

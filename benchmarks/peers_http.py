@@ -56,6 +56,7 @@ SCENARIOS = ("llama-server", "fastmode", "fast-tier")
 
 # ---------------------------------------------------------------- reading `fastmode bench --json`
 
+
 def bench_summary(report: dict | None) -> dict:
     """The figures this script needs from one `fastmode bench --json` report (first level).
 
@@ -63,8 +64,18 @@ def bench_summary(report: dict | None) -> dict:
     documented layout, docs/bench.md), else a flat `aggregate_output_tok_s`;
     whatever is absent is None and named in `missing`, never guessed.
     """
-    out: dict = {"output_tok_s": None, "completed": None, "num_requests": None, "tok_s_per_request_p50": None,
-                 "ttft_p50_s": None, "tpot_p50_s": None, "window_s": None, "errors": None, "tiers": {}, "missing": []}
+    out: dict = {
+        "output_tok_s": None,
+        "completed": None,
+        "num_requests": None,
+        "tok_s_per_request_p50": None,
+        "ttft_p50_s": None,
+        "tpot_p50_s": None,
+        "window_s": None,
+        "errors": None,
+        "tiers": {},
+        "missing": [],
+    }
     if not report:
         out["missing"].append("report")
         return out
@@ -73,11 +84,16 @@ def bench_summary(report: dict | None) -> dict:
     agg = level.get("aggregate") or {}
 
     def figures(d: dict) -> dict:
-        return {"output_tok_s": d.get("output_tok_s"), "completed": d.get("completed"),
-                "num_requests": d.get("num_requests"),
-                "tok_s_per_request_p50": (d.get("tok_s_per_request") or {}).get("p50"),
-                "ttft_p50_s": (d.get("ttft_s") or {}).get("p50"), "tpot_p50_s": (d.get("tpot_s") or {}).get("p50"),
-                "output_tokens": d.get("output_tokens"), "errors": d.get("errors")}
+        return {
+            "output_tok_s": d.get("output_tok_s"),
+            "completed": d.get("completed"),
+            "num_requests": d.get("num_requests"),
+            "tok_s_per_request_p50": (d.get("tok_s_per_request") or {}).get("p50"),
+            "ttft_p50_s": (d.get("ttft_s") or {}).get("p50"),
+            "tpot_p50_s": (d.get("tpot_s") or {}).get("p50"),
+            "output_tokens": d.get("output_tokens"),
+            "errors": d.get("errors"),
+        }
 
     out.update(figures(agg))
     if out["output_tok_s"] is None:
@@ -89,6 +105,7 @@ def bench_summary(report: dict | None) -> dict:
 
 
 # ---------------------------------------------------------------- servers
+
 
 class Server:
     """A server subprocess in its own process group, its output in a log file; stopped on exit."""
@@ -112,12 +129,16 @@ class Server:
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         while time.perf_counter() - t < timeout_s:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited {self.proc.returncode} while starting; log: {self.log_path}\n"
-                                   + _tail(self.log_path))
+                raise RuntimeError(
+                    f"{self.name} exited {self.proc.returncode} while starting; log: {self.log_path}\n"
+                    + _tail(self.log_path)
+                )
             if _health(self.base_url):
                 return time.perf_counter() - t
             time.sleep(0.5)
-        raise RuntimeError(f"{self.name} not healthy after {timeout_s:g} s; log: {self.log_path}\n" + _tail(self.log_path))
+        raise RuntimeError(
+            f"{self.name} not healthy after {timeout_s:g} s; log: {self.log_path}\n" + _tail(self.log_path)
+        )
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -132,7 +153,7 @@ class Server:
         except ProcessLookupError:
             pass
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -165,10 +186,28 @@ def _tail(path: Path, n: int = 2000) -> str:
 def llama_server(args: argparse.Namespace, model: str, logs: Path) -> Server:
     exe = find_binary(args.llama_cpp_dir, "llama-server")
     if exe is None:
-        raise FileNotFoundError(f"llama-server not found under {args.llama_cpp_dir} (benchmarks/peers/build_llama_cpp.sh)")
+        raise FileNotFoundError(
+            f"llama-server not found under {args.llama_cpp_dir} (benchmarks/peers/build_llama_cpp.sh)"
+        )
     c = args.concurrency
-    cmd = [str(exe), "-m", model, "-np", str(c), "-cb", "-c", str(c * args.ctx_per_slot),
-           "-t", str(args.threads), "-tb", str(args.threads), "--host", "127.0.0.1", "--port", str(args.llama_port)]
+    cmd = [
+        str(exe),
+        "-m",
+        model,
+        "-np",
+        str(c),
+        "-cb",
+        "-c",
+        str(c * args.ctx_per_slot),
+        "-t",
+        str(args.threads),
+        "-tb",
+        str(args.threads),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.llama_port),
+    ]
     return Server("llama-server", cmd, args.llama_port, logs / "llama-server.log")
 
 
@@ -181,21 +220,60 @@ def fastmode_bin() -> list[str]:
 
 
 def fastmode_server(args: argparse.Namespace, model: str, logs: Path) -> Server:
-    cmd = fastmode_bin() + ["serve", "--host", "127.0.0.1", "--port", str(args.fastmode_port), "--model", model,
-                            "--num-threads", str(args.threads), "--log-level", "warning"]
+    cmd = fastmode_bin() + [
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.fastmode_port),
+        "--model",
+        model,
+        "--num-threads",
+        str(args.threads),
+        "--log-level",
+        "warning",
+    ]
     return Server("fastmode", cmd, args.fastmode_port, logs / "fastmode.log")
 
 
 # ---------------------------------------------------------------- the load generator
 
-def bench_cmd(args: argparse.Namespace, base_url: str, out_json: Path, *, concurrency: int,
-              num_requests: int | None = None, duration_s: float | None = None, tier_mix: str | None = None,
-              warmup: int = 0, seed: int | None = None) -> list[str]:
-    cmd = fastmode_bin() + ["bench", "--base-url", base_url, "--concurrency", str(concurrency),
-                            "--max-tokens", str(args.max_tokens), "--ignore-eos", "--endpoint", args.endpoint,
-                            "--prompts", "synthetic", "--input-len", str(args.input_len),
-                            "--seed", str(args.seed if seed is None else seed), "--warmup-requests", str(warmup),
-                            "--json", str(out_json), "--no-progress"]
+
+def bench_cmd(
+    args: argparse.Namespace,
+    base_url: str,
+    out_json: Path,
+    *,
+    concurrency: int,
+    num_requests: int | None = None,
+    duration_s: float | None = None,
+    tier_mix: str | None = None,
+    warmup: int = 0,
+    seed: int | None = None,
+) -> list[str]:
+    cmd = fastmode_bin() + [
+        "bench",
+        "--base-url",
+        base_url,
+        "--concurrency",
+        str(concurrency),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--ignore-eos",
+        "--endpoint",
+        args.endpoint,
+        "--prompts",
+        "synthetic",
+        "--input-len",
+        str(args.input_len),
+        "--seed",
+        str(args.seed if seed is None else seed),
+        "--warmup-requests",
+        str(warmup),
+        "--json",
+        str(out_json),
+        "--no-progress",
+    ]
     if num_requests is not None:
         cmd += ["--num-requests", str(num_requests)]
     if duration_s is not None:
@@ -223,13 +301,25 @@ def scenario_peer(args: argparse.Namespace, server: Server, work: Path, round_no
         startup = server.start(args.startup_timeout_s)
         print(f"   {server.name} healthy after {startup:.1f} s", flush=True)
         out = work / f"bench-{server.name}-{round_no}.json"
-        cmd = bench_cmd(args, server.base_url, out, concurrency=args.concurrency, num_requests=args.num_requests,
-                        warmup=args.warmup_requests)
+        cmd = bench_cmd(
+            args,
+            server.base_url,
+            out,
+            concurrency=args.concurrency,
+            num_requests=args.num_requests,
+            warmup=args.warmup_requests,
+        )
         report = run_bench(cmd, out, args.timeout_s)
     summary = bench_summary(report)
     check_full_length(server.name, summary, args.max_tokens)
-    return {"server": server.name, "command": server.cmd, "startup_s": startup, "bench_command": cmd,
-            "summary": summary, "report": report}
+    return {
+        "server": server.name,
+        "command": server.cmd,
+        "startup_s": startup,
+        "bench_command": cmd,
+        "summary": summary,
+        "report": report,
+    }
 
 
 def combine_rounds(rounds: list[dict]) -> dict:
@@ -254,8 +344,12 @@ def check_full_length(name: str, summary: dict, max_tokens: int) -> None:
     done, tokens = summary.get("completed"), summary.get("output_tokens")
     summary["full_length"] = None if done is None or tokens is None else tokens == done * max_tokens
     if summary["full_length"] is False:
-        print(f"   warning: {name} produced {tokens} output tokens for {done} requests of max_tokens "
-              f"{max_tokens}: ignore_eos was not honoured", file=sys.stderr, flush=True)
+        print(
+            f"   warning: {name} produced {tokens} output tokens for {done} requests of max_tokens "
+            f"{max_tokens}: ignore_eos was not honoured",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def scenario_fast_tier(args: argparse.Namespace, model: str, logs: Path, work: Path) -> dict:
@@ -265,10 +359,24 @@ def scenario_fast_tier(args: argparse.Namespace, model: str, logs: Path, work: P
         startup = server.start(args.startup_timeout_s)
         print(f"   fastmode healthy after {startup:.1f} s", flush=True)
         std_out, fast_out = work / "bench-fast-tier-standard.json", work / "bench-fast-tier-fast.json"
-        std_cmd = bench_cmd(args, server.base_url, std_out, concurrency=args.concurrency,
-                            duration_s=args.fast_tier_duration_s, tier_mix="standard=1", warmup=args.warmup_requests)
-        fast_cmd = bench_cmd(args, server.base_url, fast_out, concurrency=args.fast_clients,
-                             num_requests=args.fast_requests, tier_mix="fast=1", seed=args.seed + 1)
+        std_cmd = bench_cmd(
+            args,
+            server.base_url,
+            std_out,
+            concurrency=args.concurrency,
+            duration_s=args.fast_tier_duration_s,
+            tier_mix="standard=1",
+            warmup=args.warmup_requests,
+        )
+        fast_cmd = bench_cmd(
+            args,
+            server.base_url,
+            fast_out,
+            concurrency=args.fast_clients,
+            num_requests=args.fast_requests,
+            tier_mix="fast=1",
+            seed=args.seed + 1,
+        )
         print(f"   $ {' '.join(std_cmd)} &", flush=True)
         t0 = time.perf_counter()
         std_proc = subprocess.Popen(std_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -291,15 +399,24 @@ def scenario_fast_tier(args: argparse.Namespace, model: str, logs: Path, work: P
     # must be done by then for "under saturating load" to hold throughout.
     saturated = fast_done <= args.fast_tier_duration_s
     if not saturated:
-        print(f"   warning: the fast clients finished {fast_done:.0f} s after start, past the standard load's "
-              f"{args.fast_tier_duration_s:g} s: raise --fast-tier-duration-s or lower --fast-requests", file=sys.stderr)
-    return {"server": "fastmode", "command": server.cmd, "startup_s": startup,
-            "standard": {"bench_command": std_cmd, "summary": summaries["standard"], "report": std_report},
-            "fast": {"bench_command": fast_cmd, "summary": summaries["fast"], "report": fast_report},
-            "fast_clients_done_s": fast_done, "saturated_throughout": saturated}
+        print(
+            f"   warning: the fast clients finished {fast_done:.0f} s after start, past the standard load's "
+            f"{args.fast_tier_duration_s:g} s: raise --fast-tier-duration-s or lower --fast-requests",
+            file=sys.stderr,
+        )
+    return {
+        "server": "fastmode",
+        "command": server.cmd,
+        "startup_s": startup,
+        "standard": {"bench_command": std_cmd, "summary": summaries["standard"], "report": std_report},
+        "fast": {"bench_command": fast_cmd, "summary": summaries["fast"], "report": fast_report},
+        "fast_clients_done_s": fast_done,
+        "saturated_throughout": saturated,
+    }
 
 
 # ---------------------------------------------------------------- report
+
 
 def fmt(x: float | None, nd: int = 1) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
@@ -307,7 +424,6 @@ def fmt(x: float | None, nd: int = 1) -> str:
 
 def print_tables(res: dict, args: argparse.Namespace) -> None:
     from benchmarks.common import machine
-
     from benchmarks.kernels import cpu_line, roofline_tok_s
 
     m = res["machine"] if "machine" in res else machine()
@@ -317,45 +433,94 @@ def print_tables(res: dict, args: argparse.Namespace) -> None:
     bw = res.get("dram_read_gbs")
     context = args.input_len + args.max_tokens / 2
     roof = roofline_tok_s(bw, res["model"]["path"], args.concurrency, context) if bw else None
-    print(f"DRAM read bandwidth (--threads threads, this run): {fmt(bw)} GB/s; memory roofline at "
-          f"{args.concurrency} sequences of ~{context:.0f} tokens: {fmt(roof, 0)} tok/s")
+    print(
+        f"DRAM read bandwidth (--threads threads, this run): {fmt(bw)} GB/s; memory roofline at "
+        f"{args.concurrency} sequences of ~{context:.0f} tokens: {fmt(roof, 0)} tok/s"
+    )
     print(f"model:   {res['model']['path']} ({res['model']['quant']})")
-    print(f"load:    closed loop, {args.concurrency} clients, prompts ~{args.input_len} tokens (synthetic), "
-          f"{args.max_tokens} output tokens (ignore_eos), greedy, /v1/{args.endpoint.replace('chat', 'chat/completions')}")
+    print(
+        f"load:    closed loop, {args.concurrency} clients, prompts ~{args.input_len} tokens (synthetic), "
+        f"{args.max_tokens} output tokens (ignore_eos), greedy, /v1/{args.endpoint.replace('chat', 'chat/completions')}"
+    )
     peers = res["peers"]
     ref = next((p["summary"]["output_tok_s"] for p in peers if p["server"] == "llama-server"), None)
-    header = ("server", "precision", "clients", "ok/sent", "out tok/s", "of roofline", "tok/s/req p50", "TTFT p50 s",
-              "vs llama-server")
+    header = (
+        "server",
+        "precision",
+        "clients",
+        "ok/sent",
+        "out tok/s",
+        "of roofline",
+        "tok/s/req p50",
+        "TTFT p50 s",
+        "vs llama-server",
+    )
     rows = []
     for p in peers:
         s = p["summary"]
         ratio = f"{s['output_tok_s'] / ref:.2f}x" if ref and s["output_tok_s"] else "-"
         of_roof = f"{100 * s['output_tok_s'] / roof:.0f}%" if roof and s["output_tok_s"] else "-"
-        rows.append((p["server"], p["precision"], str(args.concurrency), f"{s['completed']}/{s['num_requests']}",
-                     fmt(s["output_tok_s"]), of_roof, fmt(s["tok_s_per_request_p50"]), fmt(s["ttft_p50_s"], 3), ratio))
+        rows.append(
+            (
+                p["server"],
+                p["precision"],
+                str(args.concurrency),
+                f"{s['completed']}/{s['num_requests']}",
+                fmt(s["output_tok_s"]),
+                of_roof,
+                fmt(s["tok_s_per_request_p50"]),
+                fmt(s["ttft_p50_s"], 3),
+                ratio,
+            )
+        )
     _print_rows(header, rows)
     per_round = {p["server"]: [r["summary"]["output_tok_s"] for r in p.get("rounds", [])] for p in peers}
     if len(per_round) == 2 and min(len(v) for v in per_round.values()) > 1:
-        ratios = [f"{f / ll:.2f}x" if f and ll else "-" for ll, f in zip(per_round["llama-server"], per_round["fastmode"])]
-        print("per round (out tok/s, llama-server / fastmode, order alternating): " + "; ".join(
-            f"{fmt(ll)} / {fmt(f)} ({r})" for ll, f, r in zip(per_round["llama-server"], per_round["fastmode"], ratios)))
+        ratios = [
+            f"{f / ll:.2f}x" if f and ll else "-" for ll, f in zip(per_round["llama-server"], per_round["fastmode"])
+        ]
+        print(
+            "per round (out tok/s, llama-server / fastmode, order alternating): "
+            + "; ".join(
+                f"{fmt(ll)} / {fmt(f)} ({r})"
+                for ll, f, r in zip(per_round["llama-server"], per_round["fastmode"], ratios)
+            )
+        )
     for p in peers:
         if p["summary"]["missing"]:
             print(f"   {p['server']}: missing from the bench report: {', '.join(p['summary']['missing'])}")
     ft = res.get("fast_tier")
     if ft:
         print()
-        print(f"fast tier: fastmode, {args.concurrency} standard clients saturating it, {args.fast_clients} fast clients")
+        print(
+            f"fast tier: fastmode, {args.concurrency} standard clients saturating it, {args.fast_clients} fast clients"
+        )
         alone = next((p["summary"] for p in peers if p["server"] == "fastmode"), None)
         header = ("tier", "clients", "ok/sent", "tok/s/req p50", "TTFT p50 s", "out tok/s")
         rows = []
         if alone:
-            rows.append(("standard alone (scenario 1)", str(args.concurrency), f"{alone['completed']}/{alone['num_requests']}",
-                         fmt(alone["tok_s_per_request_p50"]), fmt(alone["ttft_p50_s"], 3), fmt(alone["output_tok_s"])))
+            rows.append(
+                (
+                    "standard alone (scenario 1)",
+                    str(args.concurrency),
+                    f"{alone['completed']}/{alone['num_requests']}",
+                    fmt(alone["tok_s_per_request_p50"]),
+                    fmt(alone["ttft_p50_s"], 3),
+                    fmt(alone["output_tok_s"]),
+                )
+            )
         for tier, clients in (("standard", args.concurrency), ("fast", args.fast_clients)):
             s = ft[tier]["summary"]
-            rows.append((f"{tier} (mixed)", str(clients), f"{s['completed']}/{s['num_requests']}",
-                         fmt(s["tok_s_per_request_p50"]), fmt(s["ttft_p50_s"], 3), fmt(s["output_tok_s"])))
+            rows.append(
+                (
+                    f"{tier} (mixed)",
+                    str(clients),
+                    f"{s['completed']}/{s['num_requests']}",
+                    fmt(s["tok_s_per_request_p50"]),
+                    fmt(s["ttft_p50_s"], 3),
+                    fmt(s["output_tok_s"]),
+                )
+            )
         _print_rows(header, rows, left=1)
         if not ft["saturated_throughout"]:
             print("   (the standard load ended before the fast clients did: not saturated throughout)")
@@ -374,24 +539,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="threads each server gets (default 2)")
     p.add_argument("--concurrency", type=int, default=16, help="concurrent clients (default 16)")
     p.add_argument("--num-requests", type=int, default=64, help="measured requests per server and round (default 64)")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="rounds of the peers scenario, the servers' order alternating (default 2)")
+    p.add_argument(
+        "--rounds", type=int, default=2, help="rounds of the peers scenario, the servers' order alternating (default 2)"
+    )
     p.add_argument("--warmup-requests", type=int, help="unmeasured requests first (default: --concurrency)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--input-len", type=int, default=128, help="synthetic prompt length, ~tokens (default 128)")
-    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
-                   help="completions (default: the raw prompt, no chat template on either side) or chat")
+    p.add_argument(
+        "--endpoint",
+        choices=["completions", "chat"],
+        default="completions",
+        help="completions (default: the raw prompt, no chat template on either side) or chat",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ctx-per-slot", type=int, default=512, help="llama-server: -c is clients x this (default 512)")
     p.add_argument("--fast-clients", type=int, default=2, help="fast-tier scenario: fast clients (default 2)")
     p.add_argument("--fast-requests", type=int, default=8, help="fast-tier scenario: fast requests (default 8)")
-    p.add_argument("--fast-lead-in-s", type=float, default=5.0,
-                   help="fast-tier scenario: standard load runs this long before the fast clients start")
-    p.add_argument("--fast-tier-duration-s", type=float, default=90.0,
-                   help="fast-tier scenario: how long the standard clients keep starting requests")
+    p.add_argument(
+        "--fast-lead-in-s",
+        type=float,
+        default=5.0,
+        help="fast-tier scenario: standard load runs this long before the fast clients start",
+    )
+    p.add_argument(
+        "--fast-tier-duration-s",
+        type=float,
+        default=90.0,
+        help="fast-tier scenario: how long the standard clients keep starting requests",
+    )
     p.add_argument("--skip", default="", help=f"comma-separated: {','.join(SCENARIOS)}")
-    p.add_argument("--llama-cpp-dir", default=DEFAULT_LLAMA_CPP_DIR,
-                   help="where llama-server is (build dir or bin dir; default $FASTMODE_LLAMA_CPP_DIR or %(default)s)")
+    p.add_argument(
+        "--llama-cpp-dir",
+        default=DEFAULT_LLAMA_CPP_DIR,
+        help="where llama-server is (build dir or bin dir; default $FASTMODE_LLAMA_CPP_DIR or %(default)s)",
+    )
     p.add_argument("--llama-port", type=int, default=8181)
     p.add_argument("--fastmode-port", type=int, default=8182)
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
@@ -416,11 +597,30 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="peers_http-"))
     from benchmarks.kernels import cpu_description
 
-    res: dict = {"benchmark": "peers_http", "machine": machine() | cpu_description(), "model": info, "settings": {
-        k: v for k, v in vars(args).items() if k not in ("out",)}, "peers": [], "fast_tier": None, "skipped": {}}
+    res: dict = {
+        "benchmark": "peers_http",
+        "machine": machine() | cpu_description(),
+        "model": info,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
+        "peers": [],
+        "fast_tier": None,
+        "skipped": {},
+    }
     try:  # the bandwidth the roofline uses, measured in this run before the servers start
-        bw = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--worker", "bandwidth",
-                             "--threads", str(args.threads)], capture_output=True, text=True, timeout=600, check=False)
+        bw = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "peers.py"),
+                "--worker",
+                "bandwidth",
+                "--threads",
+                str(args.threads),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         line = next(ln for ln in reversed(bw.stdout.splitlines()) if ln.startswith("PEERS_RESULT "))
         res["dram_read_gbs"] = json.loads(line.removeprefix("PEERS_RESULT "))["dram_read_gbs"]
     except (StopIteration, ValueError, subprocess.TimeoutExpired) as e:
@@ -435,11 +635,19 @@ def main(argv: list[str] | None = None) -> int:
         if dtype == "float32" and ops() is not None and info["quant"] in ("Q4_0", "Q4_1", "Q8_0"):
             fastmode_precision = f"{info['quant']} GGUF (as stored), fp32 activations, f16 KV"
         else:
-            fastmode_precision = f"{dtype} (dequantized from {info['quant']}), {'f16' if dtype == 'float32' else dtype} KV"
+            fastmode_precision = (
+                f"{dtype} (dequantized from {info['quant']}), {'f16' if dtype == 'float32' else dtype} KV"
+            )
     except Exception:  # noqa: BLE001 -- a label only
         pass
-    plan = [("llama-server", f"{info['quant']} GGUF (as stored), int8 activations, f16 KV", lambda: llama_server(args, model, logs)),
-            ("fastmode", fastmode_precision, lambda: fastmode_server(args, model, logs))]
+    plan = [
+        (
+            "llama-server",
+            f"{info['quant']} GGUF (as stored), int8 activations, f16 KV",
+            lambda: llama_server(args, model, logs),
+        ),
+        ("fastmode", fastmode_precision, lambda: fastmode_server(args, model, logs)),
+    ]
     plan = [x for x in plan if x[0] not in skip]
     res["skipped"].update({name: "--skip" for name in ("llama-server", "fastmode") if name in skip})
     rounds: dict[str, list[dict]] = {name: [] for name, _, _ in plan}
@@ -447,8 +655,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, _, make in plan if rnd % 2 == 0 else plan[::-1]:
             if name in res["skipped"]:  # failed in an earlier round
                 continue
-            print(f"== {name}: {args.concurrency} clients, {args.num_requests} requests, round {rnd + 1} of "
-                  f"{args.rounds}", flush=True)
+            print(
+                f"== {name}: {args.concurrency} clients, {args.num_requests} requests, round {rnd + 1} of "
+                f"{args.rounds}",
+                flush=True,
+            )
             try:
                 rounds[name].append(scenario_peer(args, make(), work, rnd))
             except Exception as e:  # noqa: BLE001 -- one server failing must not lose the other
@@ -458,9 +669,16 @@ def main(argv: list[str] | None = None) -> int:
         if name in res["skipped"] or not rounds[name]:
             continue
         first = rounds[name][0]
-        res["peers"].append({"server": name, "precision": precision, "command": first["command"],
-                             "bench_command": first["bench_command"], "summary": combine_rounds(rounds[name]),
-                             "rounds": rounds[name]})
+        res["peers"].append(
+            {
+                "server": name,
+                "precision": precision,
+                "command": first["command"],
+                "bench_command": first["bench_command"],
+                "summary": combine_rounds(rounds[name]),
+                "rounds": rounds[name],
+            }
+        )
     if "fast-tier" in skip:
         res["skipped"]["fast-tier"] = "--skip"
     else:

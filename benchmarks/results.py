@@ -46,11 +46,32 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
     py, runs = sys.executable, Path(args.runs_dir)
     t = ["--threads", str(args.threads)]
     llama = ["--llama-cpp-dir", args.llama_cpp_dir] if args.llama_cpp_dir else []
-    peers = [py, "benchmarks/peers.py", "--batches", "1,16", "--skip", "transformers,llama-cpp-python", *t, *llama,
-             "--wait-load", str(args.wait_load), "--out", str(runs / "peers.json")]
+    peers = [
+        py,
+        "benchmarks/peers.py",
+        "--batches",
+        "1,16",
+        "--skip",
+        "transformers,llama-cpp-python",
+        *t,
+        *llama,
+        "--wait-load",
+        str(args.wait_load),
+        "--out",
+        str(runs / "peers.json"),
+    ]
     http = [py, "benchmarks/peers_http.py", "--rounds", "3", *t, *llama, "--out", str(runs / "peers_http.json")]
-    spec = [py, "benchmarks/speculative.py", "--batches", "1", "--no-spark", "--threads", str(args.threads),
-            "--out", str(runs / "speculative.json")]
+    spec = [
+        py,
+        "benchmarks/speculative.py",
+        "--batches",
+        "1",
+        "--no-spark",
+        "--threads",
+        str(args.threads),
+        "--out",
+        str(runs / "speculative.json"),
+    ]
     if args.quick:
         peers += ["--rounds", "1"]
         http[http.index("--rounds") + 1] = "1"
@@ -110,16 +131,28 @@ def rows_peers(data: dict | None, cmd: str) -> list[list[str]]:
         peer_roof = peer.get("roofline_fraction") if peer else None
         what = f"decode tok/s, {batch} sequence{'s' if batch > 1 else ''}, in process"
         fig = f"{r['decode_tok_s']:.1f}" + (f" ({100 * roof:.0f}% of roofline)" if roof else "")
-        pfig = (f"llama.cpp {peer['decode_tok_s']:.1f}" + (f" ({100 * peer_roof:.0f}%)" if peer_roof else "")) \
-            if peer else f"llama.cpp: {data['skipped'].get('llama.cpp', 'not measured')}"
+        pfig = (
+            (f"llama.cpp {peer['decode_tok_s']:.1f}" + (f" ({100 * peer_roof:.0f}%)" if peer_roof else ""))
+            if peer
+            else f"llama.cpp: {data['skipped'].get('llama.cpp', 'not measured')}"
+        )
         ratio = _ratio(r.get("vs_llama_cpp"), TARGETS.get(("peers", batch)))
         if each and rounds > 1:
             ratio += f"; rounds {each}"
         loads = ", ".join(f"{r['load_1min']:.1f}" for r in data.get("rounds", []) if r.get("load_1min") is not None)
-        out.append([what, fig, pfig, ratio,
-                    (f"median of {rounds} round(s), order alternating; 1-min load at the rounds' start {loads}; "
-                     f"{data['_when']}"),
-                    f"`{cmd}`"])
+        out.append(
+            [
+                what,
+                fig,
+                pfig,
+                ratio,
+                (
+                    f"median of {rounds} round(s), order alternating; 1-min load at the rounds' start {loads}; "
+                    f"{data['_when']}"
+                ),
+                f"`{cmd}`",
+            ]
+        )
     return out
 
 
@@ -135,20 +168,33 @@ def rows_http(data: dict | None, cmd: str) -> list[list[str]]:
         lv = ll["summary"]["output_tok_s"] if ll else None
         ratio = f / lv if f and lv else None
         rounds = len(fm.get("rounds", []))
-        out.append([f"HTTP output tok/s, {clients} clients", "-" if f is None else f"{f:.1f}",
-                    f"llama-server {lv:.1f}" if lv else f"llama-server: {data['skipped'].get('llama-server', '-')}",
-                    _ratio(ratio, TARGETS.get(("http", clients))),
-                    f"{rounds} round(s), order alternating; {data['_when']}",
-                    f"`{cmd}`"])
+        out.append(
+            [
+                f"HTTP output tok/s, {clients} clients",
+                "-" if f is None else f"{f:.1f}",
+                f"llama-server {lv:.1f}" if lv else f"llama-server: {data['skipped'].get('llama-server', '-')}",
+                _ratio(ratio, TARGETS.get(("http", clients))),
+                f"{rounds} round(s), order alternating; {data['_when']}",
+                f"`{cmd}`",
+            ]
+        )
     ft = data.get("fast_tier")
     if ft:
         fast, std = ft["fast"]["summary"]["tok_s_per_request_p50"], ft["standard"]["summary"]["tok_s_per_request_p50"]
         ratio = fast / std if fast and std else None
-        note = ("saturated throughout" if ft.get("saturated_throughout") else "NOT saturated throughout") + \
-            f"; {data['_when']}"
-        out.append([f"fast tier: tok/s per request (p50) under {clients} saturating standard clients",
-                    "-" if fast is None else f"{fast:.1f}", "-" if std is None else f"standard tier {std:.1f}",
-                    _ratio(ratio, TARGETS[("fast-tier", 0)]), note, f"`{cmd}`"])
+        note = (
+            "saturated throughout" if ft.get("saturated_throughout") else "NOT saturated throughout"
+        ) + f"; {data['_when']}"
+        out.append(
+            [
+                f"fast tier: tok/s per request (p50) under {clients} saturating standard clients",
+                "-" if fast is None else f"{fast:.1f}",
+                "-" if std is None else f"standard tier {std:.1f}",
+                _ratio(ratio, TARGETS[("fast-tier", 0)]),
+                note,
+                f"`{cmd}`",
+            ]
+        )
     return out or [["HTTP", "-", "-", "-", "no figures", f"`{cmd}`"]]
 
 
@@ -160,10 +206,16 @@ def rows_speculative(data: dict | None, cmd: str) -> list[list[str]]:
         if r.get("batch") != 1:
             continue
         plain, spec = r.get("plain_tok_s"), r.get("spec_tok_s")
-        out.append([f"batch-1 decode tok/s, {r.get('method')} speculation, {r.get('workload')} prompts",
-                    "-" if spec is None else f"{spec:.1f}", "-" if plain is None else f"plain decoding {plain:.1f}",
-                    _ratio(spec / plain if spec and plain else None), f"same process, alternating; {data['_when']}",
-                    f"`{cmd}`"])
+        out.append(
+            [
+                f"batch-1 decode tok/s, {r.get('method')} speculation, {r.get('workload')} prompts",
+                "-" if spec is None else f"{spec:.1f}",
+                "-" if plain is None else f"plain decoding {plain:.1f}",
+                _ratio(spec / plain if spec and plain else None),
+                f"same process, alternating; {data['_when']}",
+                f"`{cmd}`",
+            ]
+        )
     return out or [["speculation", "-", "-", "-", "no rows", f"`{cmd}`"]]
 
 
@@ -177,19 +229,24 @@ def render(args: argparse.Namespace, ran: dict[str, dict]) -> str:
     peers = _load(runs / "peers.json")
     http = _load(runs / "peers_http.json")
     spec = _load(runs / "speculative.json")
-    rows = rows_peers(peers, cmds["peers"]) + rows_http(http, cmds["http"]) + rows_speculative(spec, cmds["speculative"])
+    rows = (
+        rows_peers(peers, cmds["peers"]) + rows_http(http, cmds["http"]) + rows_speculative(spec, cmds["speculative"])
+    )
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, check=False).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
     except OSError:
         commit = "?"
     cpu = cpu_description()
     lines = [
         "# Current results",
         "",
-        (f"Written by `{_cmd(shlex.join([sys.executable, 'benchmarks/results.py', *args.argv]))}` on "
-         f"{time.strftime('%Y-%m-%d')} at commit {commit}. Every row comes from the run of the command beside it, "
-         "with the peer measured in that same run; nothing here is kept from older machines or older code."),
+        (
+            f"Written by `{_cmd(shlex.join([sys.executable, 'benchmarks/results.py', *args.argv]))}` on "
+            f"{time.strftime('%Y-%m-%d')} at commit {commit}. Every row comes from the run of the command beside it, "
+            "with the peer measured in that same run; nothing here is kept from older machines or older code."
+        ),
         "",
         f"Machine: {cpu_line(cpu)}.",
     ]
@@ -197,9 +254,11 @@ def render(args: argparse.Namespace, ran: dict[str, dict]) -> str:
         bw = peers.get("dram_read_gbs")
         llama = next((e for e in peers["results"] if e["engine"] == "llama.cpp"), None)
         if bw:
-            lines.append(f"DRAM read bandwidth measured in the peers run: {bw:.1f} GB/s "
-                         f"({peers['settings']['threads']} threads). The roofline of a decode step is that bandwidth "
-                         "over the bytes the step must read (every weight once, and each sequence's f16 K/V).")
+            lines.append(
+                f"DRAM read bandwidth measured in the peers run: {bw:.1f} GB/s "
+                f"({peers['settings']['threads']} threads). The roofline of a decode step is that bandwidth "
+                "over the bytes the step must read (every weight once, and each sequence's f16 K/V)."
+            )
         if llama and llama.get("system_info"):
             lines.append(f"llama.cpp as built here: `{llama['system_info']}`.")
     lines += [
@@ -210,13 +269,17 @@ def render(args: argparse.Namespace, ran: dict[str, dict]) -> str:
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
     lines += [
         "",
-        ("Targets (ratio to the peer in the same run, median of 3 runs): batch 1 at least 1.15x llama.cpp, "
-         "16 sequences at least 2.0x, HTTP with 16 clients at least 2.0x llama-server, the fast tier at least "
-         "2.5x the standard tier's per-request tok/s under saturating load. A `--quick` run measures one round: "
-         "its rows are a smoke test of the figures, not a result."),
+        (
+            "Targets (ratio to the peer in the same run, median of 3 runs): batch 1 at least 1.15x llama.cpp, "
+            "16 sequences at least 2.0x, HTTP with 16 clients at least 2.0x llama-server, the fast tier at least "
+            "2.5x the standard tier's per-request tok/s under saturating load. A `--quick` run measures one round: "
+            "its rows are a smoke test of the figures, not a result."
+        ),
         "",
-        ("How each benchmark measures: benchmarks/README.md and benchmarks/peers/README.md. The kernels "
-         "(which ISA path runs, and why): docs/kernels.md."),
+        (
+            "How each benchmark measures: benchmarks/README.md and benchmarks/peers/README.md. The kernels "
+            "(which ISA path runs, and why): docs/kernels.md."
+        ),
         "",
     ]
     return "\n".join(lines)
@@ -230,8 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--llama-cpp-dir", help="passed to the peer benchmarks (default: theirs)")
     p.add_argument("--runs-dir", default="runs/results")
-    p.add_argument("--wait-load", type=float, default=1.3,
-                   help="peers: wait for a 1-minute load average below this before measuring (default 1.3)")
+    p.add_argument(
+        "--wait-load",
+        type=float,
+        default=1.3,
+        help="peers: wait for a 1-minute load average below this before measuring (default 1.3)",
+    )
     p.add_argument("--timeout-s", type=float, default=3600.0, help="limit on each benchmark")
     p.add_argument("--out", default="docs/results.md")
     args = p.parse_args(argv)

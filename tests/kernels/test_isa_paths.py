@@ -135,7 +135,12 @@ def int8_reference(x: np.ndarray, raw: np.ndarray, qtype: str) -> tuple[np.ndarr
     dx64 = dx.astype(np.float64)
     terms = d[None] * dx64[:, None] * dots + m[None] * (dx64 * sums)[:, None]  # (M, N, nb)
     nb = k // 32
-    bound = 4 * (nb + 8) * EPS32 * (np.abs(d[None] * dx64[:, None] * dots) + np.abs(m[None] * (dx64 * sums)[:, None])).sum(-1)
+    bound = (
+        4
+        * (nb + 8)
+        * EPS32
+        * (np.abs(d[None] * dx64[:, None] * dots) + np.abs(m[None] * (dx64 * sums)[:, None])).sum(-1)
+    )
     return terms.sum(-1), bound
 
 

@@ -72,8 +72,10 @@ def test_int8_activations_are_selectable():
 def test_fused_decode_step_matches_the_per_layer_path(native, monkeypatch):
     """Pure-decode steps run every layer in one kernel call; the per-layer path
     (used for mixed steps) is built from the same ops and must agree token for token."""
-    prompts = [native.tokenizer.apply_chat_template([{"role": "user", "content": q}])
-               for q in ("Name a prime number.", "Write a haiku about rain.", "What is 12 * 7?")]
+    prompts = [
+        native.tokenizer.apply_chat_template([{"role": "user", "content": q}])
+        for q in ("Name a prime number.", "Write a haiku about rain.", "What is 12 * 7?")
+    ]
     sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     calls = []
     fused = type(native.engine.loaded.model)._fused_decode
@@ -99,11 +101,15 @@ def test_spark_runs_q8_0_layers_and_drafts_losslessly(native):
     if folder is None:
         pytest.skip("no Spark shipped or distilled")
     spark = load_spark(folder, native.engine.loaded)
-    assert all(isinstance(layer.mlp.down_proj, QuantLinear) and layer.mlp.down_proj.qtype == 8 for layer in spark.layers)
+    assert all(
+        isinstance(layer.mlp.down_proj, QuantLinear) and layer.mlp.down_proj.qtype == 8 for layer in spark.layers
+    )
     spec = LLM(speculative="draft", speculative_tiers="standard,fast", speculative_min_gain=0.0)
     assert spec.engine.drafter is not None
-    prompts = [native.tokenizer.apply_chat_template([{"role": "user", "content": q}])
-               for q in ("Name three colors.", "Count from one to ten.")]
+    prompts = [
+        native.tokenizer.apply_chat_template([{"role": "user", "content": q}])
+        for q in ("Name three colors.", "Count from one to ten.")
+    ]
     sp = SamplingParams(temperature=0.0, max_tokens=32)
     got = [o.token_ids for o in spec.generate(prompts, sp)]
     assert got == [o.token_ids for o in native.generate(prompts, sp)]

@@ -186,7 +186,9 @@ def test_rope_qkv_matches_rotary_and_writes_the_cache():
     qr, kr, vr = qkv.split([heads * hd, kvh * hd, kvh * hd], dim=-1)
     torch.testing.assert_close(q, Rotary.apply(qr.view(n, heads, hd), cos[:, None], sin[:, None]), atol=1e-6, rtol=1e-6)
     flat_k, flat_v = k_cache.view(-1, kvh, hd), v_cache.view(-1, kvh, hd)
-    torch.testing.assert_close(flat_k[slots], Rotary.apply(kr.view(n, kvh, hd), cos[:, None], sin[:, None]), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(
+        flat_k[slots], Rotary.apply(kr.view(n, kvh, hd), cos[:, None], sin[:, None]), atol=1e-6, rtol=1e-6
+    )
     assert torch.equal(flat_v[slots], vr.view(n, kvh, hd))
     untouched = torch.ones(12, dtype=torch.bool)
     untouched[slots] = False

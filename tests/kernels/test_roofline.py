@@ -38,8 +38,10 @@ def test_rounds_pair_each_figure_with_the_peer_of_its_own_round(model):
     def res(name, tok_s):
         return {"engine": name, "precision": "p", "rows": [{"batch": 1, "decode_tok_s": tok_s, "prefill_tok_s": 1.0}]}
 
-    rounds = [{"dram_read_gbs": bw, "results": {"llama.cpp": res("llama.cpp", ll), "fastmode": res("fastmode", fm)}}
-              for bw, ll, fm in ((30.0, 50.0, 100.0), (20.0, 40.0, 60.0), (25.0, 100.0, 110.0))]
+    rounds = [
+        {"dram_read_gbs": bw, "results": {"llama.cpp": res("llama.cpp", ll), "fastmode": res("fastmode", fm)}}
+        for bw, ll, fm in ((30.0, 50.0, 100.0), (20.0, 40.0, 60.0), (25.0, 100.0, 110.0))
+    ]
     fm = next(e for e in combine_rounds(rounds, args, info) if e["engine"] == "fastmode")["rows"][0]
     assert fm["vs_llama_cpp_by_round"] == [2.0, 1.5, 1.1]
     assert fm["vs_llama_cpp"] == 1.5  # the median of the rounds' own ratios, not a ratio of medians (100 / 50)

@@ -81,16 +81,41 @@ ISA_PATHS: dict[str, IsaPath] = {
     p.name: p
     for p in (
         IsaPath("portable", None, frozenset(), (), "plain C++, the compiler's own vectorization"),
-        IsaPath("avx2", "portable", frozenset(AVX2), ("-mavx2", "-mfma", "-mf16c"),
-                "8-lane fp32 FMAs; int8 dot products as vpmaddubsw + vpmaddwd"),
-        IsaPath("avx2_vnni", "avx2", frozenset({"avx_vnni"}), ("-mavxvnni",),
-                "int8 dot products in one vpdpbusd (VEX-encoded AVX-VNNI)"),
-        IsaPath("avx512", "avx2", frozenset(AVX512), ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"),
-                "16-lane fp32 FMAs and dequantization"),
-        IsaPath("avx512_vnni", "avx512", frozenset({"avx512_vnni"}), ("-mavx512vnni",),
-                "int8 dot products in one vpdpbusd (AVX-512 VNNI)"),
-        IsaPath("amx", "avx512_vnni", frozenset(AMX), ("-mamx-tile", "-mamx-bf16"),
-                "fp32-activation matmuls of 9 or more rows on AMX bf16 tiles, exactly"),
+        IsaPath(
+            "avx2",
+            "portable",
+            frozenset(AVX2),
+            ("-mavx2", "-mfma", "-mf16c"),
+            "8-lane fp32 FMAs; int8 dot products as vpmaddubsw + vpmaddwd",
+        ),
+        IsaPath(
+            "avx2_vnni",
+            "avx2",
+            frozenset({"avx_vnni"}),
+            ("-mavxvnni",),
+            "int8 dot products in one vpdpbusd (VEX-encoded AVX-VNNI)",
+        ),
+        IsaPath(
+            "avx512",
+            "avx2",
+            frozenset(AVX512),
+            ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"),
+            "16-lane fp32 FMAs and dequantization",
+        ),
+        IsaPath(
+            "avx512_vnni",
+            "avx512",
+            frozenset({"avx512_vnni"}),
+            ("-mavx512vnni",),
+            "int8 dot products in one vpdpbusd (AVX-512 VNNI)",
+        ),
+        IsaPath(
+            "amx",
+            "avx512_vnni",
+            frozenset(AMX),
+            ("-mamx-tile", "-mamx-bf16"),
+            "fp32-activation matmuls of 9 or more rows on AMX bf16 tiles, exactly",
+        ),
     )
 }
 
