@@ -363,6 +363,22 @@ def parse_batched_bench(text: str) -> list[dict]:
     return rows
 
 
+def build_settings(exe: Path) -> str | None:
+    """The instruction-set settings a llama.cpp build was configured with (its CMakeCache.txt, next
+    to build/bin): GGML_NATIVE=ON means -march=native, every feature of the building CPU."""
+    cache = exe.parent.parent / "CMakeCache.txt"
+    try:
+        lines = cache.read_text().splitlines()
+    except OSError:
+        return None
+    opts = {ln.split(":", 1)[0]: ln.split("=", 1)[1] for ln in lines
+            if ln.startswith(("GGML_NATIVE:", "GGML_AVX", "GGML_AMX", "GGML_FMA:", "GGML_F16C:")) and "=" in ln}
+    if opts.get("GGML_NATIVE") == "ON":
+        return "build: GGML_NATIVE=ON (-march=native: every instruction set of the CPU it was built on)"
+    on = [k.removeprefix("GGML_") for k, v in opts.items() if v == "ON"]
+    return "build: " + (" ".join(on) if on else "no x86 extensions") if opts else None
+
+
 def run_llama_cpp(args: argparse.Namespace, info: dict) -> dict:
     exe = find_binary(args.llama_cpp_dir, "llama-batched-bench")
     if exe is None:
@@ -410,6 +426,8 @@ def run_llama_cpp(args: argparse.Namespace, info: dict) -> dict:
             raise RuntimeError(f"could not parse llama-batched-bench output:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
         for r in parsed:
             rows_by_batch.setdefault(int(r["pl"]), []).append(r)
+    if system_info is None:  # builds whose batched-bench prints no system_info: the build's own settings
+        system_info = build_settings(exe)
     rows = []
     for b in args.batch_list:
         got = rows_by_batch.get(b, [])
@@ -534,7 +552,7 @@ def print_table(results: list[dict], rounds: list[dict], mach: dict, info: dict,
     print(f"machine: {cpu_line(mach)}; --threads {args.threads}")
     llama = next((e for e in results if e["engine"] == "llama.cpp"), None)
     if llama and llama.get("system_info"):
-        print(f"llama.cpp {llama['system_info']}")
+        print(f"llama.cpp {llama['system_info']}")  # its system_info line, or its build settings
     print(f"model:   {info['path']} ({info['quant']}, {info['size_mib']} MiB)")
     print(
         f"prompts: {args.npp} tokens, decode {args.ntg} tokens, greedy, every answer full length; "
