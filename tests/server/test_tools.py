@@ -12,6 +12,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from fastmode.loader.tokenizer import Tokenizer
 from fastmode.sampling_params import StructuredOutput
 from fastmode.server.tools import (
+    MAX_CALLS_PER_TURN,
     ArgumentsDelta,
     CallEnd,
     CallStart,
@@ -107,6 +108,9 @@ def test_required_named_and_single_call(ll_tok):
     named = grammar([WEATHER, NOOP], ToolChoice("named", "noop"))
     assert accepts(ll_tok, named, CALL_N) and not accepts(ll_tok, named, CALL_W)
     assert not accepts(ll_tok, named, CALL_N + "\n" + CALL_N)  # a named choice is exactly one call
+    bound = MAX_CALLS_PER_TURN  # parallel calls stop at the bound: a repeating model cannot run to max_tokens
+    assert accepts(ll_tok, required, "\n".join([CALL_N] * bound))
+    assert not accepts(ll_tok, required, "\n".join([CALL_N] * (bound + 1)))
     single = grammar([WEATHER, NOOP], ToolChoice("required", parallel=False))
     assert accepts(ll_tok, single, CALL_W) and not accepts(ll_tok, single, CALL_W + "\n" + CALL_N)
     none = grammar([WEATHER], ToolChoice("none"))

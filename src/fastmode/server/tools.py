@@ -46,6 +46,10 @@ CALL_CLOSE = "</tool_call>"
 RESPONSE_OPEN = "<tool_response>"
 RESPONSE_CLOSE = "</tool_response>"
 CALL_SEPARATOR = "\n"  # between two calls of one turn
+# Calls one turn may make when parallel calls are allowed. A bound keeps a model that repeats
+# itself (the next most likely thing after a call is often another call) from filling its whole
+# output budget with calls; the grammar then allows only the end of the turn.
+MAX_CALLS_PER_TURN = 8
 _NAME_PREFIX = '{"name": "'
 _ARGS_PREFIX = '", "arguments": '
 _CALL_END = "}"  # closes the call object; CALL_CLOSE follows
@@ -198,7 +202,7 @@ def tool_grammar(
             raise ToolError(f"tool_choice names {choice.name!r}, which is not in `tools` ({names})", "tool_choice")
     # A named choice is one call of that tool, as the APIs document it; parallel calls are for auto and required.
     parallel = choice.parallel and choice.mode != "named"
-    more = f"more: ({_lark_string(CALL_SEPARATOR + CALL_OPEN)} call)*\n" if parallel else "more: \n"
+    more = "more: " + (_more_calls(MAX_CALLS_PER_TURN - 1) if parallel else "") + "\n"
     calls = f"{_lark_string(CALL_OPEN)} call more"
     if choice.mode != "auto":
         start = f"start: {calls}\n"
@@ -216,6 +220,15 @@ def tool_grammar(
         schema = json.dumps(_arguments_schema(t), ensure_ascii=False)
         lines.append(f"fn_{i}: {prefix} %json {schema} {_lark_string(_CALL_END)}\n")
     return StructuredOutput("lark", "".join(lines) + _TEXT_RULES)
+
+
+def _more_calls(n: int) -> str:
+    """Up to `n` further calls, as nested optional groups (one call, then up to n - 1 more)."""
+    step = f"{_lark_string(CALL_SEPARATOR + CALL_OPEN)} call"
+    inner = ""
+    for _ in range(n):
+        inner = f"({step} {inner})?" if inner else f"({step})?"
+    return inner
 
 
 def _answer_schema(answer: StructuredOutput) -> str:
