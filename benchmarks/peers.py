@@ -371,8 +371,11 @@ def build_settings(exe: Path) -> str | None:
         lines = cache.read_text().splitlines()
     except OSError:
         return None
-    opts = {ln.split(":", 1)[0]: ln.split("=", 1)[1] for ln in lines
-            if ln.startswith(("GGML_NATIVE:", "GGML_AVX", "GGML_AMX", "GGML_FMA:", "GGML_F16C:")) and "=" in ln}
+    opts = {
+        ln.split(":", 1)[0]: ln.split("=", 1)[1]
+        for ln in lines
+        if ln.startswith(("GGML_NATIVE:", "GGML_AVX", "GGML_AMX", "GGML_FMA:", "GGML_F16C:")) and "=" in ln
+    }
     if opts.get("GGML_NATIVE") == "ON":
         return "build: GGML_NATIVE=ON (-march=native: every instruction set of the CPU it was built on)"
     on = [k.removeprefix("GGML_") for k, v in opts.items() if v == "ON"]
