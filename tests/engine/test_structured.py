@@ -96,6 +96,34 @@ def test_constrained_and_free_rows_share_a_batch_without_changing_each_other(llm
     json.loads(both[1].text)
 
 
+def test_checking_the_argmax_gives_the_same_tokens_as_the_full_mask(llm, monkeypatch):
+    """Greedy rows without logprobs skip the full mask while the grammar allows their argmax;
+    requesting logprobs (or forcing the full mask) must give the very same tokens, and the
+    refused argmaxes must really have occurred (the check is exercised, not bypassed)."""
+    from fastmode.engine.model_runner import ModelRunner
+
+    so = StructuredOutput("json_schema", json.dumps(PERSON))
+    prompts = [chat(llm, "Describe Bob, 42, as JSON."), chat(llm, "Tell me a story about a dragon.")]
+    checked = [llm.generate(p, greedy(so, 60))[0] for p in prompts]
+    with_logprobs = [llm.generate(p, greedy(so, 60, logprobs=0))[0] for p in prompts]
+    assert [o.token_ids for o in checked] == [o.token_ids for o in with_logprobs]
+
+    refused = []
+    original = ModelRunner._mask_job
+
+    def counting(self, constrained, parallel=True):
+        refused.append(len(constrained))
+        return original(self, constrained, parallel)
+
+    monkeypatch.setattr(ModelRunner, "_mask_job", counting)
+    again = llm.generate(prompts[1], greedy(so, 60))[0]
+    assert again.token_ids == checked[1].token_ids
+    assert refused, "the story prompt's free argmax never broke the schema"
+    monkeypatch.setattr(ModelRunner, "_needs_full_mask", staticmethod(lambda s, k: s.seq.grammar is not None))
+    full = llm.generate(prompts[1], greedy(so, 60))[0]
+    assert full.token_ids == checked[1].token_ids
+
+
 def test_speculation_on_and_off_give_identical_constrained_output(llm):
     # A repetitive prompt and an array of repeated strings: n-gram drafts get proposed, and
     # many are accepted; drafts the grammar forbids must be rejected.

@@ -9,6 +9,7 @@ and the logprobs not yet handed to the engine.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ from fastmode.engine.sampler import (
     token_logprob,
 )
 from fastmode.engine.scheduler import ScheduledSeq, SchedulerOutput
-from fastmode.engine.structured import apply_mask, fill_masks
+from fastmode.engine.structured import apply_bounds, fill_masks, mask_bounds
 from fastmode.models.attention_batch import AttentionBatch, PrefillSpan, decode_mask
 from fastmode.models.cpu_packing import can_pack, pack_linears
 from fastmode.models.llama import LlamaModel
@@ -62,6 +63,7 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.grammars: dict[str, _GrammarState] = {}
         self.logprobs: dict[str, list[TokenLogprob]] = {}  # per sampled token, until taken
+        self._mask_pool: ThreadPoolExecutor | None = None  # started with the first constrained step
 
     def release(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
@@ -145,16 +147,64 @@ class ModelRunner:
                 batch.decode_mask = decode_mask(batch.decode_context_lens, max_blocks * self.block_size)
         batch.slot_mapping = torch.tensor(slots, dtype=torch.long)
 
-        logits = self.model(
-            torch.tensor(input_ids, dtype=torch.long),
-            torch.tensor(positions, dtype=torch.long),
-            batch,
-            self.kv_caches,
-            torch.tensor(logit_rows, dtype=torch.long),
-        )
-        return self._sample(logits, row_owner)
+        masks = self._start_masks([(s, k) for s, k in row_owner if self._needs_full_mask(s, k)])
+        try:
+            logits = self.model(
+                torch.tensor(input_ids, dtype=torch.long),
+                torch.tensor(positions, dtype=torch.long),
+                batch,
+                self.kv_caches,
+                torch.tensor(logit_rows, dtype=torch.long),
+            )
+        except BaseException:
+            if masks is not None:  # the matchers must be idle before anyone steps again
+                masks.exception()
+            raise
+        return self._sample(logits, row_owner, masks)
 
-    def _sample(self, logits: torch.Tensor, row_owner: list[tuple[ScheduledSeq, int]]) -> dict[str, list[int]]:
+    @staticmethod
+    def _needs_full_mask(s: ScheduledSeq, k: int) -> bool:
+        """Whether a row's grammar mask is computed in full for the step. A greedy row with no
+        drafts and no logprobs only needs its argmax checked (`_sample`): when the grammar
+        allows the unmasked argmax it is also the masked argmax, so the mask is computed only
+        for the rows whose argmax the grammar refuses."""
+        p = s.seq.params
+        return s.seq.grammar is not None and not (p.greedy and k == 1 and p.logprobs is None)
+
+    def _mask_job(self, constrained: list[tuple[ScheduledSeq, int]], parallel: bool = True):
+        """A function computing the masks of `constrained`'s rows: (`mask_bounds` rows,
+        request id -> its first row). Each row's matcher is brought level with its tokens
+        here, on the calling thread; `parallel` as in `fill_masks`."""
+        entries, first_row = [], {}
+        num_rows = 0
+        for s, k in constrained:
+            state = self._grammar_state(s.seq)
+            entries.append((state.matcher, num_rows, s.seq.draft_token_ids[: k - 1]))
+            first_row[s.seq.request_id] = num_rows
+            num_rows += k
+        grammar = constrained[0][0].seq.grammar  # one engine, one tokenizer: the same words and EOS
+        vocab_size = self.model.cfg.vocab_size
+
+        def job():
+            bitmask = fill_masks(entries, num_rows, grammar.mask_words, parallel)
+            return mask_bounds(bitmask, vocab_size, grammar.eos_token_id), first_row
+
+        return job
+
+    def _start_masks(self, constrained: list[tuple[ScheduledSeq, int]]) -> Future | None:
+        """Start computing the full grammar masks of `constrained`'s rows on a worker thread, so
+        llguidance (which drops the GIL) works while the forward pass runs: the masks depend
+        only on each matcher's state and the drafts, both known before the forward."""
+        if not constrained:
+            return None
+        job = self._mask_job(constrained)
+        if self._mask_pool is None:
+            self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastmode-masks")
+        return self._mask_pool.submit(job)
+
+    def _sample(
+        self, logits: torch.Tensor, row_owner: list[tuple[ScheduledSeq, int]], masks: Future | None = None
+    ) -> dict[str, list[int]]:
         result: dict[str, list[int]] = {}
         # Rows of requests with penalties, bias or a grammar are reshaped in place first, so
         # every later stage (argmax, sampling, verification, logprobs) reads the shaped logits.
@@ -166,10 +216,14 @@ class ModelRunner:
             if s.seq.grammar is not None or adjusts_logits(s.seq.params):
                 shaped.append((s, k, row))
             row += k
+        if masks is None:  # called without `execute` (tests): the masks, computed here
+            full = [(s, k) for s, k in row_owner if self._needs_full_mask(s, k)]
+            masks = self._start_masks(full)
         if shaped:
-            self._shape(logits, shaped)
+            self._shape(logits, shaped, masks)
         # Every greedy row's token from one batched argmax (ties go to the lowest id, as per row).
         top = logits.argmax(-1).tolist() if any(s.seq.params.greedy for s, _ in row_owner) else []
+        self._check_greedy_rows(logits, top, row_owner, firsts)
         for (s, k), row in zip(row_owner, firsts):
             seq, p = s.seq, s.seq.params
             rows, drafts = slice(row, row + k), seq.draft_token_ids[: k - 1]
@@ -193,21 +247,31 @@ class ModelRunner:
                 lps += [token_logprob(logits[row + j], t, p.logprobs) for j, t in enumerate(new)]
         return result
 
-    def _shape(self, logits: torch.Tensor, shaped: list[tuple[ScheduledSeq, int, int]]) -> None:
-        """Penalties, bias and the grammar mask, in place on each shaped request's k rows
+    def _check_greedy_rows(
+        self, logits: torch.Tensor, top: list[int], row_owner: list[tuple[ScheduledSeq, int]], firsts: list[int]
+    ) -> None:
+        """For constrained rows without a full mask (`_needs_full_mask`): keep the argmax where
+        the grammar allows it; otherwise mask the row and take its argmax again. Exact: with
+        ties going to the lowest id, an allowed unmasked argmax is the masked argmax too."""
+        refused: list[tuple[ScheduledSeq, int, int]] = []
+        for (s, k), row in zip(row_owner, firsts):
+            if s.seq.grammar is None or self._needs_full_mask(s, k):
+                continue
+            if self._grammar_state(s.seq).matcher.validate_tokens([top[row]]) != 1:
+                refused.append((s, k, row))
+        if not refused:
+            return
+        bounds, first_row = self._mask_job([(s, k) for s, k, _ in refused], parallel=False)()
+        for s, _, row in refused:
+            first = first_row[s.seq.request_id]
+            apply_bounds(logits[row : row + 1], bounds[first : first + 1])
+            top[row] = int(logits[row].argmax())
+
+    def _shape(self, logits: torch.Tensor, shaped: list[tuple[ScheduledSeq, int, int]], masks: Future | None) -> None:
+        """Penalties, bias and the full grammar masks, in place on each shaped request's k rows
         (k - 1 drafts + 1). Row i follows drafts[:i]: its penalties count them and its mask is
-        the grammar's state after them."""
-        constrained = [(s, k) for s, k, _ in shaped if s.seq.grammar is not None]
-        bitmask = None
-        if constrained:
-            entries = []
-            num_rows = 0
-            for s, k in constrained:
-                state = self._grammar_state(s.seq)
-                entries.append((state.matcher, num_rows, s.seq.draft_token_ids[: k - 1]))
-                num_rows += k
-            bitmask = fill_masks(entries, num_rows, constrained[0][0].seq.grammar.mask_words)
-        mask_row = 0
+        the grammar's state after them (computed by `_start_masks`)."""
+        bounds, first_row = masks.result() if masks is not None else (None, None)
         for s, k, row in shaped:
             seq, p = s.seq, s.seq.params
             block = logits[row : row + k]  # a view: edits land in `logits`
@@ -216,9 +280,9 @@ class ModelRunner:
                 for i in range(k):
                     apply_penalties(block[i], out + drafts[:i], p)
             apply_bias(block, p)
-            if seq.grammar is not None:
-                apply_mask(block, bitmask[mask_row : mask_row + k], seq.grammar.eos_token_id)
-                mask_row += k
+            if first_row is not None and seq.request_id in first_row:
+                first = first_row[seq.request_id]
+                apply_bounds(block, bounds[first : first + k])
 
     def _grammar_state(self, seq) -> _GrammarState:
         """The request's matcher, brought level with its output tokens (created on first use)."""

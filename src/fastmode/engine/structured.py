@@ -5,8 +5,8 @@ is compiled once per (kind, spec) and tokenizer into a `CompiledGrammar`; each
 request then gets its own `llguidance.LLMatcher` copied from it. While
 decoding, the model runner asks for the allowed tokens of every constrained
 row of a step at once (`fill_masks`: llguidance computes them on its own
-threads without holding the GIL) and `apply_mask` sets every forbidden
-token's logit to -inf before sampling. When the grammar is complete the only allowed token is EOS.
+threads without holding the GIL, while the forward pass runs) and `apply_mask`
+sets every forbidden token's logit to -inf before sampling. When the grammar is complete the only allowed token is EOS.
 
 Compilation is the expensive part (building the llguidance tokenizer takes
 about a second, once per tokenizer; a grammar takes milliseconds): it runs
@@ -145,15 +145,24 @@ def _get_executor() -> llguidance.LLExecutor:
 
 
 def fill_masks(
-    entries: list[tuple[llguidance.LLMatcher, int, list[int]]], num_rows: int, mask_words: int
+    entries: list[tuple[llguidance.LLMatcher, int, list[int]]], num_rows: int, mask_words: int, parallel: bool = True
 ) -> torch.Tensor:
     """Token masks for a step's constrained rows, computed in parallel without the GIL.
 
     Each entry is (matcher, first row, drafts): row `first` gets the mask at the matcher's
     state and row `first + i + 1` the mask after drafts[:i + 1], as far as the grammar allows
     the drafts (rows past a draft it forbids stay all-zero: verification stops before them).
-    The matchers are left as they were. Returns (num_rows, mask_words) int32 bitmasks."""
+    The matchers are left as they were. Returns (num_rows, mask_words) int32 bitmasks.
+
+    `parallel=False` computes draft-free masks one after another on the calling thread: for a
+    few rows that is cheaper than waking llguidance's thread pool, whose threads would then
+    compete with the forward pass's for the cores."""
     bitmask = torch.zeros(num_rows, mask_words, dtype=torch.int32)
+    if not parallel and not any(drafts for _, _, drafts in entries):
+        row_bytes = mask_words * 4
+        for m, first, _ in entries:
+            m.unsafe_compute_mask_ptr(bitmask.data_ptr() + first * row_bytes, row_bytes)
+        return bitmask
     executor = _get_executor()
     plain = [(m, first) for m, first, drafts in entries if not drafts]
     speculative = [e for e in entries if e[2]]  # llguidance takes drafted matchers separately
@@ -164,30 +173,44 @@ def fill_masks(
     return bitmask
 
 
-_ADD_FOR_BIT = np.array([-np.inf, 0.0], dtype=np.float32)  # bit clear: forbidden; set: allowed
+_NEG_INF_BITS = np.float32(-np.inf).view(np.int32)
 
 
-def apply_mask(logits: torch.Tensor, bitmask: torch.Tensor, eos_token_id: int | None) -> None:
-    """Set the logits of forbidden tokens to -inf, in place: (rows, V) fp32 logits, (rows, words)
-    int32 bitmasks of allowed tokens. Ids past the tokenizer's vocabulary (a model's logits may
-    be wider) are always forbidden; a row that allows nothing (a matcher in an error state)
-    allows EOS, so the request ends instead of emitting garbage."""
+def mask_bounds(bitmask: torch.Tensor, vocab_size: int, eos_token_id: int | None) -> np.ndarray:
+    """(rows, vocab_size) float32 upper bounds for the logits: +inf where a token is allowed,
+    -inf where it is forbidden, so `min(logits, bounds)` masks a row in one pass. Ids past the
+    tokenizer's vocabulary (a model's logits may be wider) are forbidden; a row that allows
+    nothing (a matcher in an error state) allows EOS, so the request ends instead of emitting
+    garbage."""
     if eos_token_id is not None:
         empty = ~bitmask.any(-1)
         if bool(empty.any()):
             bitmask = bitmask.clone()
             bitmask[empty, eos_token_id // 32] = 1 << (eos_token_id % 32)
-    vocab_size = logits.shape[-1]
-    # Bit k of word w is token 32 * w + k: the words' little-endian bytes unpacked low bit
-    # first. numpy unpacks and adds 0 / -inf on the calling thread; torch's masked_fill_ on a
-    # (1, 49152) row measured ~10x slower, most of it waking its thread pool for a tiny job.
+    # Bit k of word w is token 32 * w + k: the words' little-endian bytes unpacked low bit first.
     words = bitmask.numpy().astype("<i4", copy=False).view(np.uint8)
-    bits = np.unpackbits(words, axis=-1, bitorder="little")[:, :vocab_size]
-    width = bits.shape[1]
+    bits = np.unpackbits(words, axis=-1, bitorder="little")
+    width = min(bits.shape[1], vocab_size)
+    bounds = np.empty((bits.shape[0], vocab_size), dtype=np.int32)
+    # Integer form of the floats: a set bit moved to the sign position and xor-ed with -inf's
+    # pattern gives +inf, a clear bit leaves -inf. Four vectorised passes over the rows, about
+    # 5x faster than indexing a {-inf, 0} table with the bits and adding it to the logits.
+    np.left_shift(bits[:, :width], 31, out=bounds[:, :width], dtype=np.int32)
+    bounds[:, :width] ^= _NEG_INF_BITS
+    bounds[:, width:] = _NEG_INF_BITS
+    return bounds.view(np.float32)
+
+
+def apply_bounds(logits: torch.Tensor, bounds: np.ndarray) -> None:
+    """Mask `logits` (rows, V) in place with `mask_bounds` rows of the same shape."""
     if logits.dtype == torch.float32 and logits.device.type == "cpu":
         rows = logits.numpy()
-        rows[:, :width] += _ADD_FOR_BIT[bits]
+        np.minimum(rows, bounds, out=rows)
     else:
-        logits[:, :width].masked_fill_(torch.from_numpy(bits == 0).to(logits.device), float("-inf"))
-    if width < vocab_size:
-        logits[:, width:] = float("-inf")
+        logits.masked_fill_(torch.from_numpy(np.isneginf(bounds)).to(logits.device), float("-inf"))
+
+
+def apply_mask(logits: torch.Tensor, bitmask: torch.Tensor, eos_token_id: int | None) -> None:
+    """Set the logits of forbidden tokens to -inf, in place: (rows, V) fp32 logits, (rows, words)
+    int32 bitmasks of allowed tokens (see `mask_bounds`)."""
+    apply_bounds(logits, mask_bounds(bitmask, logits.shape[-1], eos_token_id))
