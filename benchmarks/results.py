@@ -1,4 +1,5 @@
-"""One current results table: rerun the peer, HTTP and speculation benchmarks, write docs/results.md.
+"""One current results table: rerun the peer, HTTP and speculation benchmarks, write docs/results.md
+and the README's performance table.
 
     .venv/bin/python benchmarks/results.py            # the full runs (~25 min on 2 vCPUs)
     .venv/bin/python benchmarks/results.py --quick    # one round each, shorter loads (~8 min; figures noisier)
@@ -17,7 +18,9 @@ older figure. Each benchmark writes its full JSON under --runs-dir (default runs
 - speculative: benchmarks/speculative.py at batch 1, n-gram speculation against plain decoding
   in the same process.
 
-Targets printed beside the figures are the project's (docs/results.md says which).
+Targets printed beside the figures are the project's (docs/results.md says which). The README's
+table is the same rows without the "how" column, written between its `<!-- results:begin -->`
+and `<!-- results:end -->` markers (--readme '' leaves the README alone).
 """
 
 from __future__ import annotations
@@ -219,7 +222,46 @@ def rows_speculative(data: dict | None, cmd: str) -> list[list[str]]:
     return out or [["speculation", "-", "-", "-", "no rows", f"`{cmd}`"]]
 
 
-def render(args: argparse.Namespace, ran: dict[str, dict]) -> str:
+def table(rows: list[list[str]], with_how: bool) -> list[str]:
+    """The rows as a markdown table; without `with_how`, the "how" column is left out."""
+    head = ["measured", "fastmode", "peer, same run", "fastmode / peer", "how", "command"]
+    keep = [i for i in range(len(head)) if with_how or head[i] != "how"]
+    lines = ["| " + " | ".join(head[i] for i in keep) + " |", "|" + "---|" * len(keep)]
+    for r in rows:
+        if not with_how and r[1] == "-" and r[4] in ("did not run", "no figures", "no rows"):
+            r = [r[0], r[4], *r[2:]]  # the reason stands in for the missing figure
+        lines.append("| " + " | ".join(r[i].replace("|", "\\|") for i in keep) + " |")
+    return lines
+
+
+README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def readme_block(rows: list[list[str]], cpu_text: str, when: str) -> str:
+    """The README's performance table: the current rows, the machine, where the details are."""
+    return "\n".join(
+        [
+            README_BEGIN,
+            f"Measured {when} on {cpu_text}, each peer in the same run (written by `make bench`; details, rounds and",
+            "load in [docs/results.md](docs/results.md)):",
+            "",
+            *table(rows, with_how=False),
+            README_END,
+        ]
+    )
+
+
+def write_readme(path: Path, block: str) -> bool:
+    """Replace the README's block between the markers; False (and the README untouched) without them."""
+    text = path.read_text()
+    start, end = text.find(README_BEGIN), text.find(README_END)
+    if start < 0 or end < start:
+        return False
+    path.write_text(text[:start] + block + text[end + len(README_END) :])
+    return True
+
+
+def render(args: argparse.Namespace, ran: dict[str, dict]) -> tuple[str, str]:
     from benchmarks.kernels import cpu_description, cpu_line
 
     runs = Path(args.runs_dir)
@@ -261,12 +303,7 @@ def render(args: argparse.Namespace, ran: dict[str, dict]) -> str:
             )
         if llama and llama.get("system_info"):
             lines.append(f"llama.cpp as built here: `{llama['system_info']}`.")
-    lines += [
-        "",
-        "| measured | fastmode | peer, same run | fastmode / peer | how | command |",
-        "|---|---|---|---|---|---|",
-    ]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    lines += ["", *table(rows, with_how=True)]
     lines += [
         "",
         (
@@ -282,7 +319,7 @@ def render(args: argparse.Namespace, ran: dict[str, dict]) -> str:
         ),
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines), readme_block(rows, cpu_line(cpu), time.strftime("%Y-%m-%d"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--timeout-s", type=float, default=3600.0, help="limit on each benchmark")
     p.add_argument("--out", default="docs/results.md")
+    p.add_argument("--readme", default="README.md", help="the README whose results block to rewrite ('' for none)")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -312,11 +350,17 @@ def main(argv: list[str] | None = None) -> int:
         cmds = commands(args)
         for name in only:
             ran[name] = run(name, cmds[name], args.timeout_s)
-    page = render(args, ran)
+    page, block = render(args, ran)
     out = ROOT / args.out
     out.write_text(page)
     print(page)
     print(f"wrote {out}")
+    if args.readme:
+        readme = ROOT / args.readme
+        if write_readme(readme, block):
+            print(f"wrote the results block of {readme}")
+        else:
+            print(f"{readme} has no {README_BEGIN} ... {README_END} markers: left as it is")
     return 0
 
 

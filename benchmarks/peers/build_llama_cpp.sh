@@ -57,13 +57,13 @@ $NICE cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" "${GENERATOR[@]}" \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF ${CMAKE_ARGS:-}
 
-echo "== building llama-batched-bench and llama-server with $JOBS jobs"
+echo "== building llama-batched-bench, llama-server and llama-quantize with $JOBS jobs"
 start=$(date +%s)
-$NICE cmake --build "$BUILD" -j"$JOBS" --target llama-batched-bench llama-server
+$NICE cmake --build "$BUILD" -j"$JOBS" --target llama-batched-bench llama-server llama-quantize
 echo "== build step took $(( $(date +%s) - start )) s"
 
 BIN="$BUILD/bin"
-for b in llama-batched-bench llama-server; do
+for b in llama-batched-bench llama-server llama-quantize; do
     [[ -x "$BIN/$b" ]] || { echo "build_llama_cpp.sh: $BIN/$b was not produced" >&2; exit 1; }
 done
 # Smoke test: a few tokens on a tiny prompt. llama.cpp's AMX matmul (compiled in by -march=native
