@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,7 @@ class PlanOptions:
     flex_rps: float = 0.0  # flex requests/s
     flex_min_tok_s: float = 0.0  # flex per-user tok/s SLO
     flex_max_ttft_s: float = math.inf  # flex TTFT SLO (s)
+    pools_out: str | None = None  # write the fleet as a pools spec file for `fastmode serve --ray --pools FILE`
     json: bool = False  # print one JSON object
 
 
@@ -84,6 +86,7 @@ _GROUPS = {
         "ttft_quantile",
         "max_utilization",
         *(f"{t}_{x}" for t in TIERS for x in ("rps", "min_tok_s", "max_ttft_s")),
+        "pools_out",
     ),
     "output": ("json",),
 }
@@ -170,6 +173,11 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
             args.usd_per_hour,
         )
         report["fleet"] = fleet.to_dict()
+        if args.pools_out:
+            from pathlib import Path
+
+            Path(args.pools_out).write_text(json.dumps(fleet.pools_spec(), indent=2) + "\n", encoding="utf-8")
+            report["pools_out"] = args.pools_out
     if args.plot_dir:
         report["plots"] = _write_plots(args, cm, model, batches, spec, cost_kwargs)
     return report
@@ -255,10 +263,15 @@ def render_text(r: dict[str, Any]) -> str:
         lines += [f"    note: {n}" for n in f["notes"]]
     if r.get("plots"):
         lines += ["", *[f"  wrote {p}" for p in r["plots"]]]
+    if r.get("pools_out"):
+        lines += ["", f"  wrote the pools spec {r['pools_out']} (fastmode serve --ray --pools {r['pools_out']})"]
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pools_out and not any(getattr(args, f"{t}_rps") > 0 for t in TIERS):
+        print("fastmode plan: --pools-out writes the fleet recommendation; give a --TIER-rps > 0", file=sys.stderr)
+        return 2
     report = build_report(args)
     print(json.dumps(json_safe(report), allow_nan=False) if args.json else render_text(report))
     return 0

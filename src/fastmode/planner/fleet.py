@@ -83,6 +83,32 @@ class FleetPlan:
     def devices(self) -> int:
         return sum(t.devices for t in self.tiers if t.feasible)
 
+    def pools_spec(self) -> dict[str, Any]:
+        """The plan as a pools spec that `fastmode serve --ray --pools FILE` deploys as it is
+        (docs/scale-out.md): a pool per tier with traffic, its replicas, its batch cap as
+        `max_num_seqs` (and as the fast lane's size in the fast pool) and its speculation.
+        A standard pool is always present, as `service_tier=auto` falls back to it: one
+        replica when the plan has no standard traffic, which `notes` says."""
+        pools: dict[str, dict[str, Any]] = {}
+        notes = []
+        for t in self.tiers:
+            if not t.feasible:
+                notes.append(f"{t.tier}: no pool, the plan found none that meets its SLO ({t.reason})")
+                continue
+            if t.replicas == 0:
+                continue
+            pool: dict[str, Any] = {"replicas": t.replicas, "max_num_seqs": t.batch_cap}
+            if t.tier == "fast":
+                pool["fast_lane_max_batch"] = t.batch_cap
+            pool["speculative_method"] = "ngram" if t.speculative else "off"
+            if t.speculative:
+                pool["speculative_tiers"] = t.tier
+            pools[t.tier] = pool
+        if "standard" not in pools:
+            pools["standard"] = {"replicas": 1}
+            notes.append("standard: one replica added, for auto's fallback; the plan has no standard traffic")
+        return {"pools": pools, "notes": notes}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "tiers": [asdict(t) for t in self.tiers],
