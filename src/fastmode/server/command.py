@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_dataclass_args(p, ServerConfig, title="server")
     add_dataclass_args(p, EngineConfig, title="engine")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    from fastmode.ray.command import add_ray_args  # the flags only: Ray is imported by --ray alone
+
+    add_ray_args(p)
     p.set_defaults(func=run)
 
 
@@ -71,6 +74,13 @@ def spark_engine(main: LLMEngine, config: EngineConfig) -> LLMEngine | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "ray", False):  # tier pools on Ray Serve; the single-machine server never imports Ray
+        from fastmode.ray.command import run_on_ray
+
+        return run_on_ray(args)
+    if getattr(args, "pools", None) or getattr(args, "ray_address", None):
+        print("fastmode: --pools and --ray-address take effect with --ray", file=sys.stderr)
+        return 2
     import uvicorn
 
     from fastmode.engine.config import EngineConfig
