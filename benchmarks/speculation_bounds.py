@@ -1,6 +1,6 @@
 """How far speculation could go at batch 1, priced at the engine's own measured step times.
 
-Used by `speculative.py`: the n-gram ceiling (an oracle that drafts exactly the lookup
+Used by `speculative_engine.py`: the n-gram ceiling (an oracle that drafts exactly the lookup
 tokens the model will accept) and the i.i.d. bound for a draft model at its measured
 acceptance and cost. Both are speed-ups of the decode steps alone (prefill excluded).
 """

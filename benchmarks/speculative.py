@@ -1,285 +1,299 @@
-"""Speculative decoding speed-up over plain decoding, by batch size and workload.
+"""Speculation as served against plain decoding, end to end through `fastmode serve`.
 
-Workloads: (i) chat answers (4 prompts), (ii) code edits whose answer repeats
-much of the input (8 prompts). At batch b the workload's prompts run b at a
-time (at batch 1, each prompt in turn; at 16, the prompts cycled to fill it). Methods: n-gram prompt lookup and a draft model. Every configuration
-is run with speculation off in the same process: in each of --repeats rounds the
-configurations take turns batch by batch, in rotating order (the best round of each
-reported: this VM's speed drifts by 10-30% within minutes, and only ever downwards
-from what the code can do), and
-outputs are checked to be identical in every round (speculation is lossless). Speculation is forced on regardless
-of the batch policy with `--force`; by default the engine's policy decides
-(so large batches show the policy switching it off, i.e. ~1.0x).
+The server runs as users run it (a `fastmode serve` subprocess, default flags but the
+thread count). Every request asks for the fast tier (`service_tier: "priority"`), greedy,
+non-streaming; side A leaves speculation at the tier's default (n-gram drafting, on by
+default in the fast tier), side B sends `speculative: "off"`. Both sides run on the same
+server, so everything but drafting is the same.
 
-    .venv/bin/python benchmarks/speculative.py --batches 1,4,16            # draft = the model's Spark ("auto")
-    .venv/bin/python benchmarks/speculative.py --batches 1 --draft-model layers:8
+Prompts: benchmarks/data/speculative_prompts.json, by workload (code edits, renames
+across files, JSON, tool calls, prose, chat; answers of 30 to 400 tokens). Its "heldout"
+prompts are never used to tune the policy and are reported separately.
 
-It also measures the Spark model on its own against the teacher (plain decoding,
-same prompts, same batch sizes): the "smaller, faster, weaker" route of OpenAI's fast mode.
+For each concurrency (`--batches`: the number of clients sending at once) and each
+workload, `--repeats` rounds: in a round the workload's prompts go out in groups, one
+prompt per client, and each group is sent by both sides back to back, the side going first
+alternating (A B, B A, A B, ... from group to group and round to round). A side's figure
+in a round is its output tokens over its wall time (end to end: prompt, decoding, HTTP);
+the reported figure is the median round, and the ratio is A over B. Every answer must be
+the same on both sides (content and tool calls), in every round. Each prompt is sent once
+before measuring, so both sides find it in the prefix cache alike.
 
-At batch 1 it also prints the n-gram ceiling: the speed-up of the decode steps
-(prefill excluded) that a policy knowing the future would reach with prompt
-lookup, drafting at each step exactly the lookup tokens the model will accept
-(none where the first is wrong). Each step is priced at the engine's own
-step time for that many rows, measured in the same batch-1 runs. Beside it,
-the measured speed-up of the decode steps alone: what any k policy can still
-gain is the gap between the two.
+    .venv/bin/python benchmarks/speculative.py --threads 2                   # batches 1,4,8; 3 rounds
+    .venv/bin/python benchmarks/speculative.py --threads 2 --quick           # 2 tune + 1 held-out prompt a workload, batches 1,4
+
+Writes runs/speculative.json (rows per workload, split and concurrency; the machine and
+load averages).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
 import sys
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import machine, write_json  # noqa: E402
-from benchmarks.speculation_bounds import StepLog, report_batch1  # noqa: E402
+from benchmarks.peers_http import Server, fastmode_bin  # noqa: E402
 
-CHAT = [
-    "Explain what a KV cache is and why it speeds up text generation.",
-    "Give three tips for writing readable Python code.",
-    "What is the difference between a list and a tuple in Python?",
-    "Describe how a bus schedule trades waiting time for cost.",
-]
-
-SUMMARIZE = """```python
-def summarize(values):
-    total = 0
-    count = 0
-    for v in values:
-        total += v
-        count += 1
-    mean = total / count if count else 0.0
-    return {"total": total, "count": count, "mean": mean}
-```"""
-
-STACK = """```python
-class Stack:
-    def __init__(self):
-        self.items = []
-
-    def push(self, item):
-        self.items.append(item)
-
-    def pop(self):
-        return self.items.pop()
-
-    def is_empty(self):
-        return len(self.items) == 0
-```"""
-
-# Edits whose correct answer is the input code with a small change: the answer repeats much of
-# the prompt. The set is fixed (written before measuring any of them); what the model actually
-# copies is measured and printed ("answer tokens prompt lookup predicts").
-CODE_EDITS = [
-    "Rename the variable `total` to `running_sum` in this function and return the whole function:\n\n" + SUMMARIZE,
-    "Add a docstring to this function and return the whole function:\n\n" + SUMMARIZE,
-    "Add a comment above each line of this function:\n\n" + SUMMARIZE,
-    "Fix the bug in this function: it should skip None values.\n\n" + SUMMARIZE,
-    "Add a `peek` method to this class and return the whole class:\n\n" + STACK,
-    "Add docstrings to this class:\n\n" + STACK,
-    "Rewrite this code with 2-space indentation:\n\n" + STACK,
-    "Add a `size` method to this class and return the whole class:\n\n" + STACK,
-]
+DATA = ROOT / "benchmarks" / "data" / "speculative_prompts.json"
+SIDES = ("spec", "plain")  # A: the fast tier's default (speculation on); B: speculative "off"
 
 
-def run(llm, prompts, method: str, max_tokens: int, batch: int | None = None):
-    """Generate `prompts` at most `batch` at a time (all at once by default): (outputs, output tok/s)."""
-    from fastmode import SamplingParams
+def load_prompts(path: Path, quick: bool) -> list[dict]:
+    prompts = json.loads(path.read_text())["prompts"]
+    if not quick:
+        return prompts
+    keep, seen = [], {}
+    for p in prompts:  # the first two tune prompts and the first held-out prompt of each workload
+        key = (p["workload"], p["split"])
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] <= (2 if p["split"] == "tune" else 1):
+            keep.append(p)
+    return keep
 
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, speculative=method, ignore_eos=False)
-    batch = batch or len(prompts)
+
+def load_avg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def send(base_url: str, model: str, prompt: dict, side: str, cap: int | None) -> tuple[int, str, float]:
+    """One chat completion: (completion tokens, the answer as compared across sides, seconds)."""
+    body = {
+        "model": model,
+        "messages": prompt["messages"],
+        "max_tokens": min(prompt["max_tokens"], cap) if cap else prompt["max_tokens"],
+        "temperature": 0,
+        "service_tier": "priority",
+    }
+    for key in ("tools", "tool_choice", "response_format"):
+        if key in prompt:
+            body[key] = prompt[key]
+    if side == "plain":
+        body["speculative"] = "off"
+    req = urllib.request.Request(
+        base_url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     t0 = time.perf_counter()
-    outs = []
-    for i in range(0, len(prompts), batch):
-        outs += llm.generate(prompts[i : i + batch], params)
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            data = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"{prompt['id']} ({side}): HTTP {e.code}: {e.read()[:500]!r}") from e
+    seconds = time.perf_counter() - t0
+    msg = data["choices"][0]["message"]
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or []]
+    return data["usage"]["completion_tokens"], json.dumps([msg.get("content"), calls]), seconds
+
+
+def run_turn(base_url: str, model: str, prompts: list[dict], clients: int, side: str, cap: int | None) -> dict:
+    """`prompts` sent at once, one per client."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        got = list(pool.map(lambda p: send(base_url, model, p, side, cap), prompts))
     wall = time.perf_counter() - t0
-    tokens = sum(len(o.token_ids) for o in outs)
-    return outs, tokens / wall
+    tokens = sum(g[0] for g in got)
+    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, "answers": [g[1] for g in got]}
 
 
-def batch_prompts(base: list, b: int) -> list:
-    """The prompts a batch-`b` run generates: every prompt of the workload at least once, `b` at a time."""
-    n = -(-max(b, len(base)) // b) * b  # whole batches
-    return [base[i % len(base)] for i in range(n)]
+def run_round(base_url: str, model: str, prompts: list[dict], clients: int, rnd: int, cap: int | None) -> dict:
+    """One round of a workload: its prompts (cycled to at least one per client) in groups of
+    `clients` sent at once; each group is sent by both sides back to back, the side going first
+    alternating from group to group and from round to round (A B, B A, ...), so the machine's
+    drift hits both alike. Returns per side the round's tokens, wall time and answers."""
+    batch = [prompts[i % len(prompts)] for i in range(max(len(prompts), clients))]
+    out = {s: {"tokens": 0, "wall_s": 0.0, "answers": []} for s in SIDES}
+    for g, i in enumerate(range(0, len(batch), clients)):
+        for side in SIDES if (g + rnd) % 2 == 0 else SIDES[::-1]:
+            t = run_turn(base_url, model, batch[i : i + clients], clients, side, cap)
+            out[side]["tokens"] += t["tokens"]
+            out[side]["wall_s"] += t["wall_s"]
+            out[side]["answers"] += t["answers"]
+    for side in SIDES:
+        out[side]["tok_s"] = out[side]["tokens"] / out[side]["wall_s"]
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=None)
-    p.add_argument("--draft-model", default="auto", help="auto (the model's Spark), spark, a path, layers:N, or none")
-    p.add_argument("--batches", default="1,4,16")
-    p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=3,
-        help="rounds in which plain and each method take turns; the best of each is reported (default 3)",
-    )
-    p.add_argument("--force", action="store_true", help="speculate at every batch size (ignore the batch threshold)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--no-spark", action="store_true", help="skip the Spark-vs-teacher rows")
+    p.add_argument("--model", default=None, help="model to serve (default: the embedded one)")
+    p.add_argument("--batches", default="1,4,8", help="concurrent clients, comma-separated")
+    p.add_argument("--repeats", type=int, default=3, help="rounds per side (A B, B A, A B, ...); the median is kept")
+    p.add_argument("--threads", type=int, default=None, help="the server's --num-threads")
+    p.add_argument("--max-tokens", type=int, default=None, help="cap every prompt's max_tokens (default: the file's)")
+    p.add_argument("--quick", action="store_true", help="2 tune and 1 held-out prompt per workload, batches 1,4")
+    p.add_argument("--prompts", default=str(DATA))
+    p.add_argument("--port", type=int, default=8391)
+    p.add_argument("--url", default=None, help="use a server already running here instead of starting one")
+    p.add_argument("--no-spark", action="store_true", help="accepted for benchmarks/results.py; no effect here")
     p.add_argument("--out", default="runs/speculative.json")
+    p.add_argument("--server-log", default="runs/speculative-server.log")
     args = p.parse_args()
+    if args.quick and args.batches == p.get_default("batches"):
+        args.batches = "1,4"
+    prompts = load_prompts(Path(args.prompts), args.quick)
+    batches = [int(x) for x in args.batches.split(",")]
+    workloads = list(dict.fromkeys(q["workload"] for q in prompts))
 
-    from fastmode import LLM
-    from fastmode.speculative.ngram import propose_ngram
-
-    extra = {"speculative_max_batch": 1024} if args.force else {}
-    draft = None if args.draft_model.lower() == "none" else args.draft_model
-    llm = LLM(model=args.model, draft_model=draft, num_threads=args.threads, **extra)
-    tok = llm.tokenizer
-    workloads = {
-        "chat": [tok.encode_chat([{"role": "user", "content": c}]) for c in CHAT],
-        "code-edit": [tok.encode_chat([{"role": "user", "content": c}]) for c in CODE_EDITS],
-    }
-    # Warm up every path once (first-call allocations, oneDNN kernel selection) so the
-    # first configuration measured is not charged for them.
-    for m in ["off", "ngram"] + (["draft"] if llm.engine.drafter is not None else []):
-        run(llm, workloads["chat"][:2], m, 8)
-    drafter = llm.engine.drafter
-    methods = ["ngram"] + (["draft"] if drafter is not None else [])
-    draft_name = drafter.model.cfg.name if drafter is not None else "none"
-    print(f"machine: {machine()}  model: {llm.engine.model_name} ({llm.engine.loaded.dtype})  draft: {draft_name}")
-    # How much of each workload's answer repeats its context: the share of answer tokens that
-    # prompt lookup (one token, from the greedy plain output) would have proposed correctly.
-    # Many-token n-gram gains need this high; it is a property of the model's answers.
-    lookup, lookup_per_prompt = {}, {}
-    for name, base in workloads.items():
-        outs, _ = run(llm, base, "off", args.max_tokens)
-        hits = total = 0
-        lookup_per_prompt[name] = []
-        for p_ids, o in zip(base, outs):
-            toks = list(p_ids) + list(o.token_ids)
-            h = sum(propose_ngram(toks[:i], 1) == [toks[i]] for i in range(len(p_ids), len(toks)))
-            lookup_per_prompt[name].append(h / max(1, len(o.token_ids)))
-            hits, total = hits + h, total + len(o.token_ids)
-        lookup[name] = hits / max(1, total)
-    print(
-        "answer tokens prompt lookup predicts: "
-        + ", ".join(
-            f"{k} {v:.0%} (per prompt {' '.join(f'{x:.0%}' for x in lookup_per_prompt[k])})" for k, v in lookup.items()
+    server = None
+    if args.url is None:
+        cmd = fastmode_bin() + ["serve", "--host", "127.0.0.1", "--port", str(args.port), "--log-level", "warning"]
+        if args.model:
+            cmd += ["--model", args.model]
+        if args.threads:
+            cmd += ["--num-threads", str(args.threads)]
+        server = Server("fastmode", cmd, args.port, Path(args.server_log))
+        startup = server.start(timeout_s=600)
+        print(f"server healthy after {startup:.1f} s", flush=True)
+    base_url = args.url or f"http://127.0.0.1:{args.port}"
+    try:
+        with urllib.request.urlopen(base_url + "/v1/models", timeout=10) as r:
+            model = json.loads(r.read())["data"][0]["id"]
+        mach = machine()
+        print(
+            f"machine: {mach['cpu']} ({mach['isa']}, {mach['cores']} cores)  model: {model}  "
+            f"server threads: {args.threads or 'default'}  load average: {load_avg()}"
         )
-    )
+        print(
+            f"prompts: {len(prompts)} ({sum(q['split'] == 'heldout' for q in prompts)} held out)"
+            f"{'  [--quick]' if args.quick else ''}  batches: {batches}  rounds: {args.repeats}"
+            f"{f'  max_tokens cap: {args.max_tokens}' if args.max_tokens else ''}",
+            flush=True,
+        )
+        for side in SIDES:  # warm-up: first-call allocations, the grammar compiler, both paths
+            run_turn(base_url, model, prompts[:2], 1, side, 16)
+        # Every prompt once, so both sides find it in the prefix cache: whichever side went
+        # first would otherwise pay its prefill alone.
+        run_turn(base_url, model, prompts, 4, "plain", 1)
+        rows = []
+        print(
+            f"{'split':>7} {'workload':>9} {'batch':>5} {'tokens':>6} {'spec tok/s':>10} {'plain tok/s':>11} "
+            f"{'ratio':>6} {'rounds (ratio)':>22} {'same':>5} {'load avg':>16}"
+        )
+        for b in batches:
+            for split in ("tune", "heldout"):
+                for w in workloads:
+                    group = [q for q in prompts if q["workload"] == w and q["split"] == split]
+                    if not group:
+                        continue
+                    rows.append(measure(base_url, model, group, b, split, w, args))
+            for split in ("tune", "heldout", "all"):
+                sel = [r for r in rows if r["batch"] == b and r["workload"] != "all"]
+                rows.append(total_row([r for r in sel if split in ("all", r["split"])], b, split))
+        print_summary(rows, batches)
+        out = write_json(
+            args.out,
+            {
+                "machine": mach,
+                "model": model,
+                "args": vars(args),
+                "prompts": [q["id"] for q in prompts],
+                "load_average_end": load_avg(),
+                "rows": rows,
+            },
+        )
+        print(f"wrote {out}")
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def measure(base_url: str, model: str, group: list[dict], b: int, split: str, w: str, args) -> dict:
+    """One workload at one concurrency, `repeats` rounds (`run_round`); the median round per side."""
+    turns: dict[str, list[dict]] = {s: [] for s in SIDES}
+    load = load_avg()
+    for rnd in range(args.repeats):
+        got = run_round(base_url, model, group, b, rnd, args.max_tokens)
+        for side in SIDES:
+            turns[side].append(got[side])
+    ref = turns["plain"][0]["answers"]
+    same = all(t["answers"] == ref for s in SIDES for t in turns[s])
+    spec = statistics.median(t["tok_s"] for t in turns["spec"])
+    plain = statistics.median(t["tok_s"] for t in turns["plain"])
+    per_round = [a["tok_s"] / p["tok_s"] for a, p in zip(turns["spec"], turns["plain"])]
+    row = {
+        "split": split,
+        "workload": w,
+        "batch": b,
+        "method": "ngram",
+        "prompts": [q["id"] for q in group],
+        "tokens": turns["plain"][0]["tokens"],
+        "spec_tok_s": spec,
+        "plain_tok_s": plain,
+        "speedup": spec / plain,
+        "round_ratios": per_round,
+        "spec_runs": [t["tok_s"] for t in turns["spec"]],
+        "plain_runs": [t["tok_s"] for t in turns["plain"]],
+        "spec_wall_s": [t["wall_s"] for t in turns["spec"]],
+        "plain_wall_s": [t["wall_s"] for t in turns["plain"]],
+        "identical": same,
+        "load_average": load,
+    }
+    print_row(row)
+    return row
+
+
+def total_row(rows: list[dict], b: int, split: str) -> dict:
+    """A split's workloads together: per round, all their tokens over all their turns' time."""
+    n = min(len(r["spec_wall_s"]) for r in rows)
+
+    def rate(side: str, i: int) -> float:
+        return sum(r["tokens"] for r in rows) / sum(r[f"{side}_wall_s"][i] for r in rows)
+
+    spec = [rate("spec", i) for i in range(n)]
+    plain = [rate("plain", i) for i in range(n)]
+    row = {
+        "split": split,
+        "workload": "all",
+        "batch": b,
+        "method": "ngram",
+        "tokens": sum(r["tokens"] for r in rows),
+        "spec_tok_s": statistics.median(spec),
+        "plain_tok_s": statistics.median(plain),
+        "speedup": statistics.median(spec) / statistics.median(plain),
+        "round_ratios": [a / p for a, p in zip(spec, plain)],
+        "identical": all(r["identical"] for r in rows),
+        "load_average": load_avg(),
+    }
+    print_row(row)
+    return row
+
+
+def print_row(r: dict) -> None:
+    rounds = " ".join(f"{x:.2f}" for x in r["round_ratios"])
     print(
-        f"{'workload':>10} {'batch':>5} {'method':>6} {'plain tok/s':>11} {'spec tok/s':>10} {'speed-up':>8} "
-        f"{'decode steps':>12} {'accept':>7} {'same':>5}"
+        f"{r['split']:>7} {r['workload']:>9} {r['batch']:>5} {r['tokens']:>6} {r['spec_tok_s']:>10.1f} "
+        f"{r['plain_tok_s']:>11.1f} {r['speedup']:>5.2f}x {rounds:>22} {str(r['identical']):>5} {r['load_average']:>16}",
+        flush=True,
     )
-    rows, ceilings = [], {}
-    stats = llm.engine.spec.stats
-    steps = StepLog(llm.engine)
-    for name, base in workloads.items():
-        for b in [int(x) for x in args.batches.split(",")]:
-            prompts = batch_prompts(base, b)  # at batch 1, each prompt in turn; at 16, the prompts cycled
-            # Plain and each method take turns, `repeats` rounds: a slow spell of the machine
-            # then hits every configuration instead of deciding one ratio. The best round of
-            # each is kept: the noise here is one-sided (other work only ever slows a run down).
-            speeds: dict[str, list[float]] = {m: [] for m in ["off"] + methods}
-            decode_s: dict[str, list[float]] = {m: [] for m in ["off"] + methods}  # seconds in decode/verify steps
-            steps.start_block()
-            drafted, accepted, same = dict.fromkeys(methods, 0), dict.fromkeys(methods, 0), dict.fromkeys(methods, True)
-            ref = None
-            order = ["off"] + methods
-            for rnd in range(args.repeats):
-                # Within a round the methods take turns batch by batch (each batch ~1-2 s), the
-                # order rotating, so a slow spell of the machine hits all of them alike.
-                wall, tokens, decode, outs = (
-                    dict.fromkeys(order, 0.0),
-                    dict.fromkeys(order, 0),
-                    dict.fromkeys(order, 0.0),
-                    {m: [] for m in order},
-                )
-                for g, i in enumerate(range(0, len(prompts), b)):
-                    turn = (g + rnd) % len(order)
-                    for m in order[turn:] + order[:turn]:
-                        before = sum(stats.draft_tokens.values()), sum(stats.accepted_tokens.values())
-                        d0 = steps.decode_s
-                        t0 = time.perf_counter()
-                        got, _ = run(llm, prompts[i : i + b], m, args.max_tokens)
-                        wall[m] += time.perf_counter() - t0
-                        decode[m] += steps.decode_s - d0
-                        tokens[m] += sum(len(o.token_ids) for o in got)
-                        outs[m] += got
-                        if m != "off":
-                            drafted[m] += sum(stats.draft_tokens.values()) - before[0]
-                            accepted[m] += sum(stats.accepted_tokens.values()) - before[1]
-                for m in order:
-                    speeds[m].append(tokens[m] / wall[m])
-                    decode_s[m].append(decode[m])
-                ref = ref or outs["off"]
-                for m in methods:
-                    same[m] &= [o.token_ids for o in outs[m]] == [o.token_ids for o in ref]
-            plain = max(speeds["off"])
-            for m in methods:
-                spec = max(speeds[m])
-                acc = accepted[m] / drafted[m] if drafted[m] else None
-                decode_x = min(decode_s["off"]) / min(decode_s[m])  # best round of each, as for tok/s
-                rows.append(
-                    {
-                        "workload": name,
-                        "batch": b,
-                        "method": m,
-                        "plain_tok_s": plain,
-                        "spec_tok_s": spec,
-                        "speedup": spec / plain,
-                        "decode_speedup": decode_x,
-                        "acceptance": acc,
-                        "drafted": drafted[m],
-                        "identical": same[m],
-                        "plain_runs": speeds["off"],
-                        "spec_runs": speeds[m],
-                        "plain_decode_s": decode_s["off"],
-                        "spec_decode_s": decode_s[m],
-                    }
-                )
-                print(
-                    f"{name:>10} {b:>5} {m:>6} {plain:>11.1f} {spec:>10.1f} {spec / plain:>7.2f}x "
-                    f"{decode_x:>11.2f}x {'-' if acc is None else f'{acc:.2f}':>7} {str(same[m]):>5}",
-                    flush=True,
-                )
-            if b == 1 and "ngram" in methods:
-                ceilings[name] = report_batch1(llm, steps, prompts, ref, [r for r in rows if r["workload"] == name])
-    spark_rows = [] if args.no_spark or args.model else spark_vs_teacher(llm, workloads["chat"], args)
-    out = write_json(
-        args.out,
-        {
-            "machine": machine(),
-            "args": vars(args),
-            "draft": draft_name,
-            "rows": rows,
-            "lookup_hit_rate": lookup,
-            "lookup_hit_rate_per_prompt": lookup_per_prompt,
-            "ngram_ceiling_batch1": ceilings,
-            "spark_vs_teacher": spark_rows,
-        },
-    )
-    print(f"wrote {out}")
 
 
-def spark_vs_teacher(teacher, chat_prompts, args) -> list[dict]:
-    """Plain decoding, Spark served as its own model vs the teacher, on the same chat prompts."""
-    from fastmode import LLM
-    from fastmode.distill import find_spark
-
-    if find_spark() is None:
-        print("spark: skipped (no Spark weights; run `fastmode distill`)")
-        return []
-    spark = LLM(model="spark", num_threads=args.threads, speculative="off")
-    print(f"{'model':>28} {'batch':>5} {'tok/s':>8} {'vs teacher':>10}")
-    rows = []
-    for b in [int(x) for x in args.batches.split(",")]:
-        prompts = [chat_prompts[i % len(chat_prompts)] for i in range(b)]
-        if b == int(args.batches.split(",")[0]):
-            run(spark, prompts, "off", 8)  # warm-up
-        _, t_tok_s = run(teacher, prompts, "off", args.max_tokens)
-        _, s_tok_s = run(spark, prompts, "off", args.max_tokens)
-        rows.append({"batch": b, "teacher_tok_s": t_tok_s, "spark_tok_s": s_tok_s, "ratio": s_tok_s / t_tok_s})
-        print(f"{teacher.engine.model_name:>28} {b:>5} {t_tok_s:>8.1f} {'1.00x':>10}")
-        print(f"{spark.engine.model_name:>28} {b:>5} {s_tok_s:>8.1f} {s_tok_s / t_tok_s:>9.2f}x", flush=True)
-    return rows
+def print_summary(rows: list[dict], batches: list[int]) -> None:
+    print("\nspeculation on / off, end to end (median of rounds); held-out prompts never tuned on:")
+    for split in ("tune", "heldout", "all"):
+        cells = []
+        for b in batches:
+            sel = [r for r in rows if r["batch"] == b and r["split"] == split and r["workload"] != "all"]
+            tot = next(r for r in rows if r["batch"] == b and r["split"] == split and r["workload"] == "all")
+            worst = min(sel, key=lambda r: r["speedup"]) if sel else None
+            code = [r["speedup"] for r in sel if r["workload"] in ("code-edit", "rename")]
+            cells.append(
+                f"batch {b}: all {tot['speedup']:.2f}x, lowest {worst['workload']} {worst['speedup']:.2f}x"
+                + (f", code edits/renames {' '.join(f'{x:.2f}x' for x in code)}" if code else "")
+                if worst
+                else f"batch {b}: -"
+            )
+        print(f"{split:>7}: " + "; ".join(cells))
+    print(f"outputs identical: {all(r['identical'] for r in rows)}")
 
 
 if __name__ == "__main__":

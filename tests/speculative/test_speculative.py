@@ -71,7 +71,8 @@ def test_policy_prices_verification_from_the_measured_step_curve():
     seq = Sequence("f", [1, 2], SamplingParams(max_tokens=50), Tier.FAST)
     for _ in range(20):
         pol.observe(seq, 3, 1)  # acceptance -> 1/3
-    assert pol.verify_cost(4, 1) == pytest.approx(1.05)  # the prior until steps are measured
+    # The prior until steps are measured: each row adds verify_cost of a one-row step.
+    assert pol.verify_cost(4, 1) == pytest.approx((1 + 7 * 0.15) / (1 + 3 * 0.15))
     for rows, ms in ((1, 16.0), (2, 16.4), (5, 18.7), (8, 27.6), (4, 17.6), (16, 49.0), (28, 95.0)):
         pol.observe_step(rows, ms / 1000)
     assert pol.verify_cost(1, 4) == pytest.approx(18.7 / 16.0)

@@ -26,7 +26,6 @@ from fastmode.engine.structured import compile_structured
 from fastmode.engine.tiers import Tier
 from fastmode.loader import LoadedModel, load_model
 from fastmode.sampling_params import SamplingParams
-from fastmode.speculative.ngram import propose_ngram
 from fastmode.speculative.policy import DraftReport, SpecPolicy
 
 log = logging.getLogger(__name__)
@@ -120,6 +119,8 @@ class LLMEngine:
         )
         self.spec = SpecPolicy(config.speculation)
         self.drafter = self._load_drafter(config.load.draft_model) if config.load.draft_model else None
+        if config.speculation.measure_steps and config.speculation.method != "off" and config.speculation.tiers:
+            self._measure_steps()
         self._tracked: dict[str, _Tracked] = {}
         self._ids = itertools.count()
         self.clock = time.monotonic
@@ -221,6 +222,17 @@ class LLMEngine:
             draft, self.scheduler_config.num_blocks, self.scheduler_config.block_size, self.kv_dtype
         )
 
+    def _measure_steps(self) -> None:
+        """Seed the speculation policy's step curve with this machine's step times."""
+        from fastmode.speculative.step_timing import measure_step_curve, row_counts
+
+        cfg = self.config.speculation
+        rows = row_counts(min(cfg.max_batch, self.scheduler_config.max_num_seqs), cfg.max_draft_tokens)
+        t0 = time.perf_counter()
+        measured = measure_step_curve(self.runner, self.scheduler.block_manager, rows)
+        self.spec.seed_steps(measured)
+        log.info("step times at %s rows measured in %.2f s", ",".join(map(str, measured)), time.perf_counter() - t0)
+
     def _propose_drafts(self) -> DraftReport:
         """Give decoding sequences draft tokens where the policy says speculation pays; report
         what a draft-model run cost, for the policy to weigh against the step."""
@@ -233,16 +245,18 @@ class LLMEngine:
         decoding = [seq for seq in running if not seq.is_prefilling]
         batch = min(len(decoding), cap)
         by_model: list[tuple[Sequence, int]] = []
+        by_lookup: list[Sequence] = []
         for seq in decoding:
             method = self.spec.method_for(seq)
-            if method == "off":
-                continue
-            behind = self.drafter.catch_up_tokens(seq) if method == "draft" and self.drafter is not None else 0
-            k = self.spec.num_draft_tokens(seq, method, batch, behind)
-            if k and method == "ngram":
-                seq.draft_token_ids = propose_ngram(seq.token_ids, k)
-            elif k and method == "draft" and self.drafter is not None:
-                by_model.append((seq, k))
+            if method == "ngram":
+                by_lookup.append(seq)
+            elif method == "draft" and self.drafter is not None:
+                k = self.spec.num_draft_tokens(seq, method, batch, self.drafter.catch_up_tokens(seq))
+                if k:
+                    by_model.append((seq, k))
+        # Prompt-lookup drafts are planned for the step as a whole (their rows slow every sequence).
+        for seq, drafts in zip(by_lookup, self.spec.draft_ngrams(by_lookup, batch)):
+            seq.draft_token_ids = drafts
         if not by_model:
             return DraftReport(batch)
         # One batched draft run for every sequence that uses the draft model.

@@ -6,13 +6,18 @@
 - Per step: off when more than `max_batch` sequences decode together: once the
   step is compute-bound, verifying k+1 tokens per sequence costs about k+1
   steps and speculation loses (the threshold comes from `fastmode calibrate`).
-- Per sequence: k maximises the expected speed-up E[tokens](k) / (V(k) + k d)
+- What a step costs: `step_seconds(rows)`, from this machine's step curve
+  (`StepCurve`), which the engine measures at start-up (`step_timing.py`) and
+  keeps current with every decode/verify step it runs.
+- n-gram drafts (`ngram_policy.py`): planned for the whole step from each lookup's
+  match length, with a per-request ledger that switches drafting off for a request
+  whose drafts do not pay.
+- Draft-model drafts, per sequence: k maximises the expected speed-up E[tokens](k) / (V(k) + k d)
   for the sequence's measured acceptance a (an exponential moving average).
   V(k) is what verifying k drafts per sequence costs relative to a plain step:
   the engine's measured step time at B(k+1) rows over that at B rows, B the
-  sequences decoding together (`StepCurve`; 1 + k * verify_cost until the
-  curve has two measured points). d is the draft model's measured cost per
-  round relative to a step (n-gram drafting is free). If no k gains `min_gain`, the sequence does not
+  sequences decoding together (`step_seconds`). d is the draft model's measured
+  cost per round relative to a step. If no k gains `min_gain`, the sequence does not
   speculate, except for a one-token probe every `probe_every` steps that keeps
   its acceptance estimate current (the interval doubles after every probe that
   does not restart speculation, up to 8x). A weak draft therefore switches itself off
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fastmode.engine.sequence import Sequence
+from fastmode.speculative.ngram_policy import LookupConfig, LookupPolicy
 from fastmode.speculative.step_curve import StepCurve
 
 if TYPE_CHECKING:
@@ -52,11 +58,10 @@ class SpecConfig:
     max_draft_tokens: int = 6  # upper bound on k; the policy adapts k to measured acceptance
     max_batch: int = 4  # no speculation when more sequences than this decode together (see fastmode calibrate)
     ema: float = 0.3  # weight of the newest acceptance observation
-    verify_cost: float = (
-        0.05  # prior extra verify cost per drafted token, as a fraction of a plain step (until measured)
-    )
+    verify_cost: float = 0.15  # a row's cost as a fraction of a 1-row step, until step times are measured
     min_gain: float = 1.05  # speculate only when the expected speed-up is at least this (0 = always)
     probe_every: int = 16  # a sequence that stopped speculating retries one draft token every N steps
+    measure_steps: bool = True  # time decode/verify steps of 1 to max_batch x (k+1) rows at start-up
 
     def __post_init__(self) -> None:
         if isinstance(self.tiers, str):  # "standard,fast", as the command line spells it
@@ -121,6 +126,9 @@ class SpecPolicy:
         # failing is not tried at length on every new request.
         self.method_acceptance: dict[str, float] = {}
         self.steps = StepCurve()  # step seconds by rows, fed by the engine (decode/verify steps only)
+        self.lookup = LookupPolicy(
+            LookupConfig(min_gain=config.min_gain, max_draft_tokens=config.max_draft_tokens), self.step_seconds
+        )
         # The draft model's catch-up seconds per token over a plain step's seconds (EMA). The prior:
         # one token of a batched catch-up costs about a tenth of a drafting round.
         self.catch_up_cost: float | None = None
@@ -138,10 +146,22 @@ class SpecPolicy:
         """A step that computed `rows` decode/verify rows (no prompt chunk) took `seconds`."""
         self.steps.observe(rows, seconds)
 
+    def step_seconds(self, rows: int) -> float:
+        """A decode/verify step of `rows` rows: measured seconds once the curve has two row
+        counts; before that, the prior in units of a one-row step (only ratios are used)."""
+        if self.steps.ready:
+            return self.steps.seconds(rows)  # type: ignore[return-value]
+        return 1.0 + self.config.verify_cost * (max(rows, 1) - 1)
+
     def verify_cost(self, batch: int, k: int) -> float:
         """A step where `batch` sequences each verify k drafts, relative to a plain step."""
-        measured = self.steps.relative(batch, batch * k)
-        return measured if measured is not None else 1.0 + k * self.config.verify_cost
+        return max(self.step_seconds(batch * (k + 1)) / self.step_seconds(batch), 1.0)
+
+    def draft_ngrams(self, seqs: list[Sequence], batch: int) -> list[list[int]]:
+        """Prompt-lookup drafts for `seqs` at a step where `batch` sequences decode (see ngram_policy)."""
+        # The token after the last draft is the verify step's own: drafts stop one short of max_tokens.
+        requests = [(s.request_id, s.token_ids, s.params.max_tokens - s.num_output_tokens - 1) for s in seqs]
+        return self.lookup.plan(requests, batch)
 
     def _best_k(self, a: float, kmax: int, batch: int, d: float) -> tuple[int, float]:
         """(k, E(k) / (V(k) + k d)) with the best expected speed-up at acceptance a."""
@@ -220,6 +240,7 @@ class SpecPolicy:
         for s in out.scheduled:
             if s.num_draft_tokens:
                 self.observe(s.seq, s.num_draft_tokens, s.num_accepted_drafts)
+                self.lookup.observe(s.seq.request_id, s.num_draft_tokens, s.num_accepted_drafts)
 
     def observe(self, seq: Sequence, proposed: int, accepted: int) -> None:
         if proposed == 0:
@@ -233,5 +254,11 @@ class SpecPolicy:
         self.method_acceptance[method] = (1 - w) * self.method_acceptance.get(method, 0.7) + w * rate
         self.stats.record(seq.tier.value, proposed, accepted)
 
+    def seed_steps(self, seconds_by_rows: dict[int, float]) -> None:
+        """Step times measured before serving (`step_timing.measure_step_curve`)."""
+        for rows, seconds in sorted(seconds_by_rows.items()):
+            self.steps.observe(rows, seconds)
+
     def forget(self, request_id: str) -> None:
         self.states.pop(request_id, None)
+        self.lookup.forget(request_id)

@@ -1,14 +1,19 @@
 """Measured step time against the number of rows (tokens) a step computes. No torch.
 
 Speculation turns a decode step of B rows into a verify step of B(k+1) rows.
-What that costs depends on the engine and the batch: on the project's CPU the
-matmuls of a 4-row step cost ~1.3x a 1-row step, 8 rows ~1.6x 4 rows, and from
-16 rows on a step's time grows almost linearly with its rows
-(`benchmarks/kernels.py`). A fixed per-token verify cost cannot describe all of that, so the policy
-asks this curve, which the engine feeds with every step that computed no
-prompt chunk (only decodes and verifications): an exponential moving average
-of the seconds per distinct row count, interpolated linearly in between and
-extrapolated along the slope of the two largest measured counts.
+What that costs depends on the machine, the kernels and the batch: the native
+kernels take one path up to 8 activation rows and another beyond, and the
+machines this project runs on have put a 4-row step anywhere from 1.3x to 1.6x
+a 1-row step (`benchmarks/kernels.py`). A fixed per-token verify cost cannot
+describe that, so the policy asks this curve. The engine seeds it at start-up
+(`step_timing.py` times steps of each row count the policy may ask for) and then
+feeds it every step that computed no prompt chunk (only decodes and
+verifications): an exponential moving average of the seconds per distinct row
+count, interpolated linearly in between and extrapolated along the slope of
+the two largest measured counts. One observation moves an estimate by at most
+a factor of two before averaging: on a shared machine a step the OS preempted
+can take many times its usual time, and one such step must not switch
+speculation off.
 """
 
 from __future__ import annotations
@@ -32,7 +37,17 @@ class StepCurve:
             bisect.insort(self._rows, rows)
             self._seconds[rows] = seconds
         else:
+            seconds = min(max(seconds, old / 2), old * 2)
             self._seconds[rows] = (1 - self.ema) * old + self.ema * seconds
+
+    @property
+    def ready(self) -> bool:
+        """Whether any row count has an estimate (two measured counts give the slope)."""
+        return len(self._rows) >= 2
+
+    def measured(self) -> dict[int, float]:
+        """The current estimate at every measured row count."""
+        return dict(self._seconds)
 
     def seconds(self, rows: int) -> float | None:
         """Estimated step time for `rows` rows; None with fewer than two measured counts

@@ -1,0 +1,77 @@
+"""Time the engine's decode/verify steps at start-up, so the speculation policy prices
+verification from this machine from the first request on.
+
+A verify step of r rows (one sequence's token plus its drafts, or several sequences'
+at once) runs through the model runner exactly as serving runs it: sequences with a
+cached context, each carrying up to `ROWS_PER_SEQ` rows. Their KV blocks come from the
+scheduler's pool and go back to it; what the steps write there is overwritten before
+any request reads it (nothing of it is registered in the prefix cache).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from fastmode.engine.block_manager import BlockManager
+from fastmode.engine.scheduler import ScheduledSeq, SchedulerOutput
+from fastmode.engine.sequence import Sequence
+from fastmode.sampling_params import SamplingParams
+
+CONTEXT_TOKENS = 96  # cached context per sequence: a short prompt's worth
+ROWS_PER_SEQ = 7  # one token and 6 drafts: the default draft length
+
+
+def row_counts(max_batch: int, max_draft_tokens: int) -> list[int]:
+    """The step sizes the policy may ask about: every count up to 8 rows (the kernels' small-batch
+    path), then a few up to max_batch sequences each verifying max_draft_tokens drafts."""
+    top = max(1, max_batch) * (max_draft_tokens + 1)
+    counts = set(range(1, min(top, 8) + 1))
+    r = 8
+    while r < top:
+        r = min(top, r * 3 // 2)
+        counts.add(r)
+    return sorted(counts)
+
+
+def measure_step_curve(
+    runner, blocks: BlockManager, rows: list[int], repeats: int = 3, token_id: int = 1
+) -> dict[int, float]:
+    """Median seconds of a verify step of each row count in `rows` (`runner`: a ModelRunner).
+    The counts take turns, `repeats` rounds after one warm-up round, so drift on a shared
+    machine hits every count alike. Returns {} if the KV pool cannot hold the sequences."""
+    params = SamplingParams(temperature=0, max_tokens=1)
+    num_seqs = -(-max(rows) // ROWS_PER_SEQ)
+    seqs = [Sequence(f"step-timing-{i}", [token_id] * CONTEXT_TOKENS, params) for i in range(num_seqs)]
+    try:
+        for seq in seqs:
+            if not blocks.allocate(seq, CONTEXT_TOKENS + ROWS_PER_SEQ):
+                return {}
+            seq.num_computed_tokens = CONTEXT_TOKENS - 1
+            seq.draft_token_ids = [token_id] * (ROWS_PER_SEQ - 1)
+        steps = {r: _step(seqs, r) for r in rows}
+        times: dict[int, list[float]] = {r: [] for r in rows}
+        for rnd in range(repeats + 1):
+            for r in rows:
+                t0 = time.perf_counter()
+                runner.execute(steps[r])
+                if rnd:  # round 0 warms every shape up
+                    times[r].append(time.perf_counter() - t0)
+        return {r: statistics.median(v) for r, v in times.items()}
+    finally:
+        for seq in seqs:
+            blocks.free(seq)
+            runner.release(seq.request_id)
+
+
+def _step(seqs: list[Sequence], rows: int) -> SchedulerOutput:
+    """A step of `rows` rows: sequences of up to ROWS_PER_SEQ rows each, each at its frontier
+    (its last token plus the first of its drafts), as the scheduler builds a verify step."""
+    scheduled = []
+    for seq in seqs:
+        n = min(rows, ROWS_PER_SEQ)
+        if n <= 0:
+            break
+        rows -= n
+        scheduled.append(ScheduledSeq(seq, n, n - 1))
+    return SchedulerOutput(step=0, scheduled=scheduled)
