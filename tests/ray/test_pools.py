@@ -172,3 +172,18 @@ def test_serve_takes_the_ray_flags_and_refuses_pools_without_ray():
     args = root.parse_args(["serve", "--ray", "--pools", "standard=2,fast=1,spark=1", "--ray-address", "auto"])
     assert args.ray and args.pools == "standard=2,fast=1,spark=1" and args.ray_address == "auto"
     assert command.run(root.parse_args(["serve", "--pools", "standard=1"])) == 2
+
+
+@pytest.mark.slow
+def test_spark_pool_replicas_serve_the_default_models_spark_without_drafting(tiny_llama_dir):
+    from fastmode.distill.spark import find_spark
+    from fastmode.ray.replica import build_engine
+
+    if find_spark() is None:
+        pytest.skip("no Spark weights installed")
+    settings = {**POOL_DEFAULTS["spark"], "kv_cache_gib": 0.05, "num_threads": 1}
+    engine = build_engine("spark", settings)
+    assert engine.model_name == "SmolLM2-135M-Instruct-spark"
+    assert engine.drafter is None and engine.config.speculation.method == "off"
+    with pytest.raises(ValueError, match="the spark pool serves SmolLM2-135M-Instruct's Spark"):
+        build_engine("spark", {**settings, "model": str(tiny_llama_dir), "dtype": "float32"})

@@ -86,6 +86,15 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
+def test_app_builder_takes_serve_flags_as_arguments():
+    from fastmode.ray import app_builder
+
+    app = app_builder({"pools": "standard=2,fast=1", "num_threads": 2, "fast_requests_per_min": "60"})
+    assert isinstance(app, serve.Application)
+    with pytest.raises(ValueError, match="bad arguments"):
+        app_builder({"pools": "standard=1", "max_num_seqs": "many"})
+
+
 def test_both_dialects_route_by_tier(url, http):
     fast = http.post(url + "/v1/chat/completions", json=chat("priority"))
     assert fast.status_code == 200, fast.text
