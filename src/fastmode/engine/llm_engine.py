@@ -20,7 +20,7 @@ from fastmode.engine.errors import RequestError
 from fastmode.engine.metering import RequestMetrics, attribute_step, request_metrics
 from fastmode.engine.model_runner import ModelRunner
 from fastmode.engine.sampler import TokenLogprob
-from fastmode.engine.scheduler import Scheduler, SchedulerOutput
+from fastmode.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from fastmode.engine.sequence import FinishReason, Sequence
 from fastmode.engine.structured import compile_structured
 from fastmode.engine.tiers import Tier
@@ -94,6 +94,54 @@ def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
         "bfloat16": torch.bfloat16,
         "bf16": torch.bfloat16,
     }[name]
+
+
+def _subset(out: SchedulerOutput, scheduled: list[ScheduledSeq]) -> SchedulerOutput:
+    """`out` with only `scheduled` run: the same step, fewer requests."""
+    return SchedulerOutput(out.step, list(scheduled), out.paused, out.preempted, out.lane_active)
+
+
+@dataclass
+class _SamplingCheckpoint:
+    """The runner's per-request sampling state before a step, so that a rerun of the step
+    (`LLMEngine._isolate`) draws what the first run would have drawn.
+
+    A run may have consumed some requests' random numbers, appended to their logprobs and fed
+    their grammar matchers before it raised. Only seeded generators are saved: an unseeded one
+    promises no particular draw, and saving costs a copy of its state every step. Grammar
+    matchers are not copied: they are dropped, and the runner rebuilds one from the request's
+    output tokens on its next use."""
+
+    generators: dict[str, torch.Tensor | None]  # request id -> state before the step (None: none yet)
+    num_logprobs: dict[str, int]  # request id -> logprobs held before the step
+    grammar_ids: list[str]
+
+    @classmethod
+    def take(cls, runner: ModelRunner, out: SchedulerOutput) -> _SamplingCheckpoint:
+        generators, num_logprobs, grammar_ids = {}, {}, []
+        for s in out.scheduled:
+            seq, p = s.seq, s.seq.params
+            rid = seq.request_id
+            if p.seed is not None and not p.greedy:
+                gen = runner.generators.get(rid)
+                generators[rid] = None if gen is None else gen.get_state()
+            if p.logprobs is not None:
+                num_logprobs[rid] = len(runner.logprobs.get(rid, ()))
+            if seq.grammar is not None:
+                grammar_ids.append(rid)
+        return cls(generators, num_logprobs, grammar_ids)
+
+    def restore(self, runner: ModelRunner) -> None:
+        for rid, state in self.generators.items():
+            if state is None:
+                runner.generators.pop(rid, None)  # recreated from the seed on first use
+            elif rid in runner.generators:
+                runner.generators[rid].set_state(state)
+        for rid, n in self.num_logprobs.items():
+            if rid in runner.logprobs:
+                del runner.logprobs[rid][n:]
+        for rid in self.grammar_ids:
+            runner.grammars.pop(rid, None)
 
 
 class LLMEngine:
@@ -266,32 +314,127 @@ class LLMEngine:
         return DraftReport(batch, run.round_s, run.catch_up)
 
     def step(self) -> list[RequestOutput]:
-        """Draft, schedule, execute, update: one step of every scheduled sequence."""
-        drafting = self._propose_drafts()
+        """Draft, schedule, execute, update: one step of every scheduled sequence.
+
+        A request whose part of the step raises (in the model or in sampling) is ended with
+        finish_reason "error" and its KV freed; the step is run again without it, so the rest
+        of the batch goes on with exactly the tokens it would have had (`_isolate`)."""
+        try:
+            drafting = self._propose_drafts()
+        except Exception:  # drafts are only proposals: a step without them gives the same tokens
+            log.exception("drafting failed; this step runs without drafts")
+            for seq in self.scheduler.running:
+                seq.draft_token_ids = []
+            drafting = DraftReport()
         out = self.scheduler.schedule(self.clock())
         if out.is_empty:
             return []
         t0 = time.perf_counter()
+        checkpoint = _SamplingCheckpoint.take(self.runner, out)
+        failed: list[Sequence] = []
         try:
             sampled = self.runner.execute(out)
-        except Exception as e:  # a failed step must not strand requests: fail them, free their KV
-            return self._fail_step(out, e)
-        step_s = time.perf_counter() - t0
+            step_s = time.perf_counter() - t0
+        except Exception as e:
+            out, sampled, failed = self._isolate(out, e, checkpoint)
+            step_s = None  # the retries' cost is not a step's: the speculation policy does not learn from it
+        busy_s = time.perf_counter() - t0
         self.num_steps += 1
-        self.busy_s += step_s
-        attribute_step(out, step_s)
-        touched = self.scheduler.update_from_output(out, sampled, self.clock())
-        self.spec.update_from_output(out, step_s, drafting)
-        return [o for seq in touched if (o := self._output(seq)) is not None]
+        self.busy_s += busy_s
+        attribute_step(out, busy_s)
+        touched = self.scheduler.update_from_output(out, sampled, self.clock()) if out.scheduled else []
+        if step_s is not None:
+            self.spec.update_from_output(out, step_s, drafting)
+        outputs = [self._output_or_error(seq) for seq in failed + touched]
+        return [o for o in outputs if o is not None]
 
-    def _fail_step(self, out: SchedulerOutput, e: Exception) -> list[RequestOutput]:
-        """Finish every request of a step that raised with an error (their KV is freed)."""
-        log.exception("step %d failed; failing its %d requests", out.step, len(out.scheduled))
-        self.last_error = e
+    def _isolate(
+        self, out: SchedulerOutput, error: Exception, checkpoint: _SamplingCheckpoint
+    ) -> tuple[SchedulerOutput, dict[str, list[int]], list[Sequence]]:
+        """Find the requests that make a step raise and run the step without them.
+
+        The step's requests are bisected: a group that raises is split and each half rerun,
+        down to the single requests that raise on their own. Those are finished with an error
+        (their KV freed); the rest then run as one step again. Before every run the runner's
+        per-request sampling state is put back (`_SamplingCheckpoint`), and each run rewrites
+        the KV of exactly the positions it computes, so the retried step gives each remaining
+        request the tokens the failed one would have. A failure no single request causes
+        (one that needs the whole batch, or comes and goes) can leave nobody to blame: then
+        the step is retried once as it was, and if that fails too, its requests all fail.
+        Returns the step as run (the requests left), their tokens, and the failed sequences."""
+        log.warning("step %d raised %r; isolating its failing request(s)", out.step, error)
+        self.last_error = error
+
+        def run(group: list[ScheduledSeq]) -> tuple[dict[str, list[int]] | None, Exception | None]:
+            checkpoint.restore(self.runner)
+            try:
+                return self.runner.execute(_subset(out, group)), None
+            except Exception as e:
+                return None, e
+
+        culprits: list[tuple[ScheduledSeq, Exception]] = []
+        scheduled = out.scheduled
+        groups = (
+            [scheduled[: len(scheduled) // 2], scheduled[len(scheduled) // 2 :]] if len(scheduled) > 1 else [scheduled]
+        )
+        while groups:
+            group = groups.pop()
+            if not group:
+                continue
+            _, e = run(group)
+            if e is None:
+                continue
+            if len(group) == 1:
+                culprits.append((group[0], e))
+            else:
+                groups += [group[: len(group) // 2], group[len(group) // 2 :]]
+        blamed = {id(s) for s, _ in culprits}
+        rest = [s for s in scheduled if id(s) not in blamed]
+        sampled: dict[str, list[int]] = {}
+        if rest:
+            result, e = run(rest)
+            if result is None:  # not reproducible request by request: the whole remainder fails
+                culprits += [(s, e) for s in rest]
+                rest = []
+            else:
+                sampled = result
         now = self.clock()
-        for s in out.scheduled:
+        for s, e in culprits:
+            log.error(
+                "request %s failed in step %d and was ended with an error",
+                s.seq.request_id,
+                out.step,
+                exc_info=(type(e), e, e.__traceback__),
+            )
+            self.last_error = e
             self.scheduler.finish(s.seq, FinishReason.ERROR, now)
-        return [o for s in out.scheduled if (o := self._output(s.seq)) is not None]
+        return _subset(out, rest), sampled, [s.seq for s, _ in culprits]
+
+    def _output_or_error(self, seq: Sequence) -> RequestOutput | None:
+        """`_output`, or, if building it raises (the detokenizer, a stop string), the request's
+        end with an error: that request fails and the others of the step are unaffected."""
+        try:
+            return self._output(seq)
+        except Exception as e:
+            log.exception("request %s: output failed; ending it with an error", seq.request_id)
+            self.last_error = e
+            self.scheduler.finish(seq, FinishReason.ERROR, self.clock())
+            tr = self._tracked.pop(seq.request_id, None)
+            self._forget(seq.request_id)
+            if tr is None:
+                return None
+            return RequestOutput(
+                request_id=seq.request_id,
+                prompt_token_ids=seq.prompt_token_ids,
+                token_ids=list(seq.output_token_ids[: tr.num_sent_tokens]),
+                text=tr.detok.text,
+                delta_text="",
+                delta_token_ids=[],
+                finished=True,
+                finish_reason=FinishReason.ERROR.value,
+                tier=seq.tier.value,
+                metrics=request_metrics(seq, self.config.usd_per_machine_hour),
+            )
 
     def _output(self, seq: Sequence) -> RequestOutput | None:
         tr = self._tracked.get(seq.request_id)
