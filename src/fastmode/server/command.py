@@ -81,8 +81,6 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "pools", None) or getattr(args, "ray_address", None):
         print("fastmode: --pools and --ray-address take effect with --ray", file=sys.stderr)
         return 2
-    import uvicorn
-
     from fastmode.engine.config import EngineConfig
     from fastmode.engine.llm_engine import LLMEngine
     from fastmode.loader import ModelLoadError
@@ -118,18 +116,10 @@ def run(args: argparse.Namespace) -> int:
             "--no-serve-spark turns it off",
             file=sys.stderr,
         )
+    from fastmode.server.http_timeouts import uvicorn_config
     from fastmode.server.shutdown import DrainingServer
 
     # The app drains itself first (server/shutdown.py); uvicorn's own wait comes after, with little left.
-    config = uvicorn.Config(
-        app,
-        host=server_config.host,
-        port=server_config.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=5,
-        ws_max_size=server_config.max_body_bytes,
-        ws_ping_interval=20.0,
-        ws_ping_timeout=20.0,
-    )
+    config = uvicorn_config(app, server_config, log_level=args.log_level, timeout_graceful_shutdown=5)
     DrainingServer(config, app.state.fastmode, server_config.drain_timeout_s).run()
     return 0

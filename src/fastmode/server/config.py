@@ -74,6 +74,9 @@ class ServerConfig:
     max_nesting_depth: int = 64  # how deeply a request's JSON may nest
     max_concurrent_tokenizations: int = 4  # prompts tokenized at once, on worker threads
     ws_idle_timeout_s: float = 600.0  # a WebSocket with no response running and no message for this long is closed
+    http_header_timeout_s: float = 10.0  # a request's line and headers must arrive within this, else 408 and close
+    http_body_timeout_s: float = 30.0  # a request body that pauses this long closes its connection
+    http_keep_alive_s: float = 5.0  # an idle connection between two requests is closed after this
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed (CORS and WebSocket); "*" = any
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback when no API key is set; "*" = any
     drain_timeout_s: float = 30.0  # on shutdown, how long in-flight requests may finish before being aborted
@@ -107,7 +110,14 @@ class ServerConfig:
             raise ValueError("response_store_size must be >= 1")
         if not 0 <= self.fast_reserved_fraction < 1:
             raise ValueError("fast_reserved_fraction must be in [0, 1)")
-        for name in ("response_store_mib", "max_body_mib", "ws_idle_timeout_s"):
+        for name in (
+            "response_store_mib",
+            "max_body_mib",
+            "ws_idle_timeout_s",
+            "http_header_timeout_s",
+            "http_body_timeout_s",
+            "http_keep_alive_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
         for name in (
