@@ -161,7 +161,8 @@ def test_drafting_stops_for_a_request_whose_drafts_are_rejected():
     drafted = decode(pol, "bad", prompt, answer)
     first_off = next(i for i in range(len(drafted)) if not any(drafted[i:]))
     assert sum(1 for d in drafted if d) >= pol.config.judge_after  # it did try
-    assert first_off <= 12, drafted  # and it stopped within a few drafted steps
+    # ... and stopped within a few drafted steps (one step in three drafts here).
+    assert first_off <= 3 * pol.config.judge_after + 3, drafted
     assert pol.states["bad"].paused
     # A request whose answer is its prompt again drafts from its first long match to the end.
     code = list(range(300, 420))
@@ -241,3 +242,14 @@ def test_default_model_is_token_exact_on_a_code_edit(default_llm):
     got = default_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=80, speculative="ngram"))[0]
     assert got.token_ids == ref.token_ids
     assert sum(stats.accepted_tokens.values()) > before  # drafts were made and kept
+
+
+def test_step_curve_is_made_non_decreasing_in_rows():
+    """A start-up measurement on a busy machine can time 2 rows faster than 1; the curve pools
+    such runs, so a verify step never looks cheaper than the plain step."""
+    c = curve({1: 0.020, 2: 0.012, 3: 0.025, 4: 0.024, 8: 0.040})
+    assert c.seconds(1) == pytest.approx(0.016) and c.seconds(2) == pytest.approx(0.016)
+    assert c.seconds(3) == pytest.approx(0.0245) and c.seconds(4) == pytest.approx(0.0245)
+    assert c.seconds(6) == pytest.approx(0.0245 + 0.0155 / 2)
+    assert c.measured()[2] == pytest.approx(0.012)  # the averages themselves are kept
+    assert all(c.seconds(r + 1) >= c.seconds(r) for r in range(1, 12))

@@ -105,9 +105,9 @@ class LookupState:
 class LookupConfig:
     min_gain: float = 1.05  # draft only where the expected batch throughput gains at least this
     max_draft_tokens: int = 6
-    judge_after: int = 3  # drafted steps before a request's balance can switch its drafting off
+    judge_after: int = 4  # drafted steps before a request's balance can switch its drafting off
     decay: float = 0.7  # weight of the balance so far against the newest step's gain
-    probe_match: int = 12  # while off, draft again only for a match at least this long ...
+    probe_match: int = 6  # while off, draft again only for a match at least this long ...
     max_probe_match: int = 48  # ... doubling after each probe that does not pay, up to this
     explore_every: int = 64
 

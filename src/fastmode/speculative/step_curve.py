@@ -10,7 +10,8 @@ describe that, so the policy asks this curve. The engine seeds it at start-up
 feeds it every step that computed no prompt chunk (only decodes and
 verifications): an exponential moving average of the seconds per distinct row
 count, interpolated linearly in between and extrapolated along the slope of
-the two largest measured counts. One observation moves an estimate by at most
+the two largest measured counts, after making the estimates non-decreasing in
+rows (noise can put them out of order). One observation moves an estimate by at most
 a factor of two before averaging: on a shared machine a step the OS preempted
 can take many times its usual time, and one such step must not switch
 speculation off.
@@ -27,11 +28,13 @@ class StepCurve:
             raise ValueError(f"ema must be in (0, 1], got {ema}")
         self.ema = ema
         self._rows: list[int] = []  # sorted row counts with a measurement
-        self._seconds: dict[int, float] = {}
+        self._seconds: dict[int, float] = {}  # the moving average per row count
+        self._fit: dict[int, float] | None = None  # the same, made non-decreasing in rows (lazily)
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows < 1 or seconds <= 0:
             return
+        self._fit = None
         old = self._seconds.get(rows)
         if old is None:
             bisect.insort(self._rows, rows)
@@ -39,6 +42,22 @@ class StepCurve:
         else:
             seconds = min(max(seconds, old / 2), old * 2)
             self._seconds[rows] = (1 - self.ema) * old + self.ema * seconds
+
+    def _fitted(self) -> dict[int, float]:
+        """The estimates made non-decreasing in rows (pool-adjacent-violators: a run of counts
+        that noise put out of order gets its mean). More rows never make a step cheaper, and
+        a start-up measurement on a busy machine can say otherwise."""
+        if self._fit is None:
+            blocks: list[list[float]] = []  # [sum, count] per pooled run, in row order
+            for r in self._rows:
+                blocks.append([self._seconds[r], 1.0])
+                while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+                    total, n = blocks.pop()
+                    blocks[-1][0] += total
+                    blocks[-1][1] += n
+            values = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+            self._fit = dict(zip(self._rows, values))
+        return self._fit
 
     @property
     def ready(self) -> bool:
@@ -52,8 +71,9 @@ class StepCurve:
     def seconds(self, rows: int) -> float | None:
         """Estimated step time for `rows` rows; None with fewer than two measured counts
         (unless `rows` itself was measured)."""
-        if rows in self._seconds:
-            return self._seconds[rows]
+        fit = self._fitted()
+        if rows in fit:
+            return fit[rows]
         xs = self._rows
         if len(xs) < 2:
             return None
@@ -64,7 +84,7 @@ class StepCurve:
             lo, hi = xs[-2], xs[-1]
         else:
             lo, hi = xs[i - 1], xs[i]
-        y0, y1 = self._seconds[lo], self._seconds[hi]
+        y0, y1 = fit[lo], fit[hi]
         return max(y0 + (y1 - y0) * (rows - lo) / (hi - lo), 1e-9)
 
     def relative(self, batch: int, extra_rows: int) -> float | None:
