@@ -20,6 +20,23 @@ def tiny_qwen2_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory) -> Path:
+    return build_hf_model(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_dir(tmp_path_factory) -> Path:
+    return build_hf_model(tmp_path_factory.mktemp("tiny-gemma3"), "gemma3")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_gguf_dir(tmp_path_factory) -> Path:
+    """Gemma 3 with query_pre_attn_scalar = head_dim: the scale llama.cpp's GGUF readers
+    assume for every Gemma 3 but the 27B, so this one converts to a faithful GGUF."""
+    return build_hf_model(tmp_path_factory.mktemp("tiny-gemma3-gguf"), "gemma3", query_pre_attn_scalar=16)
+
+
+@pytest.fixture(scope="session")
 def default_llm():
     """The embedded SmolLM2-135M-Instruct in fp32, loaded once per session."""
     from fastmode import LLM

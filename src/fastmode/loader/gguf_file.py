@@ -18,13 +18,14 @@ import torch
 from fastmode.config import ModelConfig, RopeScaling
 from fastmode.loader.errors import ModelLoadError
 from fastmode.loader.gguf_cache import load_cached, store
+from fastmode.loader.tokenizer import check_gguf_tokenizer
 from fastmode.models.quant_linear import GGML_TYPES, QuantTensor
 
 # Quant types whose dequantization we test and support.
 SUPPORTED_QUANTS = frozenset(
     {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 )
-_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "llama"}
+_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "llama", "qwen3": "qwen3", "gemma3": "gemma3"}
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -36,7 +37,14 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
+# Gemma's blocks norm before and after both attention and MLP: its ffn_norm is the MLP's input norm
+# and post_attention_norm the attention output's (in the Llama layout ffn_norm takes that name).
+_GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm"}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -71,6 +79,7 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str], source: s
         original_max_position_embeddings=int(meta.get(f"{arch}.rope.scaling.original_context_length", 8192)),
     )
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    extra = _gemma3_fields(meta, heads, source) if arch == "gemma3" else {}
     return ModelConfig(
         architecture=_ARCHITECTURES[arch],
         vocab_size=int(vocab),
@@ -87,6 +96,35 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str], source: s
         tie_word_embeddings="output.weight" not in tensor_names,
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         name=str(meta.get("general.name", "model")),
+        qk_norm=arch in ("qwen3", "gemma3"),
+        **extra,
+    )
+
+
+def _gemma3_fields(meta: dict[str, Any], heads: int, source: str) -> dict[str, Any]:
+    """Gemma 3's settings that llama.cpp's files leave to the reader (its own values):
+    every 6th layer global and the rest local, a local RoPE base of 10000, and attention
+    scaled by head_dim ** -0.5, except the 62-layer 27B, scaled by (hidden / heads) ** -0.5."""
+    hidden, layers = int(meta["gemma3.embedding_length"]), int(meta["gemma3.block_count"])
+    head_dim = int(meta.get("gemma3.attention.key_length", hidden // heads))
+    window = int(meta.get("gemma3.attention.sliding_window", 0) or 0)
+    pattern = meta.get("gemma3.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):  # one flag per layer: True = local
+        local = tuple(i for i, flag in enumerate(pattern) if flag)
+    else:
+        local = tuple(i for i in range(layers) if (i + 1) % int(pattern))
+    softcap = meta.get("gemma3.final_logit_softcapping")
+    if meta.get("gemma3.attn_logit_softcapping"):
+        raise ModelLoadError(f"{source}: attn_logit_softcapping is not supported (Gemma 3 files have none)")
+    return dict(
+        sandwich_norms=True,
+        hidden_act="gelu_tanh",
+        embedding_scale=float(hidden) ** 0.5,
+        query_pre_attn_scalar=float(hidden // heads if layers == 62 else head_dim),
+        sliding_window=window or None,
+        sliding_layers=local if window else (),
+        rope_local_theta=float(meta.get("gemma3.rope.freq_base_swa", 10_000.0)),
+        final_logit_softcapping=float(softcap) if softcap else None,
     )
 
 
@@ -96,13 +134,14 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, shape[0] // n_heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def _hf_name(name: str) -> str | None:
+def _hf_name(name: str, arch: str | None = None) -> str | None:
     base, _, suffix = name.rpartition(".")
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{suffix}"
     parts = base.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+    layer_names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{suffix}"
     return None  # e.g. rope_freqs: not a parameter of ours
 
 
@@ -127,11 +166,12 @@ def read_gguf(path: Path, native: bool = False) -> tuple[ModelConfig, dict[str, 
     meta = read_metadata(reader)
     names = {t.name for t in reader.tensors}
     cfg = config_from_metadata(meta, names, source)
+    check_gguf_tokenizer(meta, source)  # before any tensor is dequantized
     permute = meta.get("general.architecture") in ("llama", "mistral")
 
     tensors: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        hf = _hf_name(t.name)
+        hf = _hf_name(t.name, meta.get("general.architecture"))
         if hf is None:
             continue
         qtype = t.tensor_type.name

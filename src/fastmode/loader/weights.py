@@ -68,7 +68,12 @@ def build_model(
         gate_up = [_take(tensors, f"{m}{x}_proj.weight", source) for x in ("gate", "up")]
         state[f"layers.{i}.mlp.gate_up_proj.weight"] = _fuse(gate_up)
         state[f"layers.{i}.mlp.down_proj.weight"] = _take(tensors, m + "down_proj.weight", source)
-        for norm in ("input_layernorm", "post_attention_layernorm"):
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if cfg.sandwich_norms:
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        if cfg.qk_norm:
+            norms += ["self_attn.q_norm", "self_attn.k_norm"]
+        for norm in norms:
             state[f"layers.{i}.{norm}.weight"] = _take(tensors, f"{lp}{norm}.weight", source)
 
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -76,7 +81,11 @@ def build_model(
         if _shape(t) != expected[name]:
             raise ModelLoadError(f"{source}: {name} has shape {_shape(t)}, config implies {expected[name]}")
     quant = {k: v for k, v in state.items() if isinstance(v, QuantTensor)}
-    plain = {k: v.to(dtype) for k, v in state.items() if not isinstance(v, QuantTensor)}
+    # Gemma's norms multiply in fp32 (see GemmaRMSNorm), so their weights stay fp32 in any dtype.
+    keep_fp32 = {k for k in state if cfg.sandwich_norms and k.endswith("norm.weight")}
+    plain = {
+        k: v.float() if k in keep_fp32 else v.to(dtype) for k, v in state.items() if not isinstance(v, QuantTensor)
+    }
     model.load_state_dict(plain, strict=False, assign=True)
     for name, qt in quant.items():
         path = name.removesuffix(".weight")

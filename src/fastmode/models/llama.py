@@ -1,9 +1,16 @@
-"""A Llama-family decoder in plain PyTorch (Llama 2/3, Mistral, Qwen2, SmolLM).
+"""A Llama-family decoder in plain PyTorch (Llama 2/3, Mistral, Qwen2, Qwen3, Gemma 3, SmolLM).
 
 RMSNorm, RoPE (none/linear/llama3 scaling), grouped-query attention over a
 paged KV cache, SwiGLU MLP, tied or untied embeddings, optional q/k/v bias.
 q/k/v and gate/up are fused into one matmul each: fewer, larger kernels are
 what a memory-bound decode step wants.
+
+What Qwen3 and Gemma 3 add, each switched on by a `ModelConfig` field: RMSNorm
+of every head's q and k before RoPE (`qk_norm`); Gemma's four norms per block
+with (1 + w) weights (`sandwich_norms`), GeGLU (`hidden_act`), scaled
+embeddings, `query_pre_attn_scalar` and final logit soft-capping; and local
+layers (`sliding_layers`) that attend only to the last `sliding_window`
+positions, with their own RoPE base.
 """
 
 from __future__ import annotations
@@ -37,6 +44,23 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm. `weight` holds the effective multiplier 1 + w (what GGUF files store;
+    the Hugging Face loader adds the 1), kept in fp32 and applied before the cast back, as
+    Gemma's reference does: in bf16 this differs from RMSNorm's cast-then-multiply."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and x.dtype == torch.float32:
+            return self.kernels.rms_norm(x, self.weight, self.eps)
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+def make_norm(cfg: ModelConfig, dim: int) -> RMSNorm:
+    return (GemmaRMSNorm if cfg.sandwich_norms else RMSNorm)(dim, cfg.rms_norm_eps)
+
+
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
     """Inverse frequencies (head_dim/2,), with the checkpoint's scaling applied."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
@@ -58,19 +82,30 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Te
 
 
 class Rotary(nn.Module):
-    """Rotate-half RoPE (the Hugging Face layout) with a precomputed cos/sin table."""
+    """Rotate-half RoPE (the Hugging Face layout) with a precomputed cos/sin table; a second
+    table for local (sliding-window) layers where they have their own base (Gemma 3)."""
 
     def __init__(self, cfg: ModelConfig, max_positions: int):
         super().__init__()
-        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         t = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(t, inv_freq)  # (P, hd/2)
+        freqs = torch.outer(t, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))  # (P, hd/2)
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.has_local = bool(cfg.sliding_layers) and cfg.rope_local_theta is not None
+        if self.has_local:
+            local = torch.outer(t, rope_inv_freq(cfg.head_dim, cfg.rope_local_theta, RopeScaling()))
+            self.register_buffer("cos_local", local.cos(), persistent=False)
+            self.register_buffer("sin_local", local.sin(), persistent=False)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows for `positions`, (N, 1, hd/2) each: looked up once per step, used by every layer."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def local_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The local layers' cos/sin rows, or None where they share the global table."""
+        if not getattr(self, "has_local", False):
+            return None
+        return self.cos_local[positions].unsqueeze(1), self.sin_local[positions].unsqueeze(1)
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -80,13 +115,19 @@ class Rotary(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
-        self.scale = cfg.head_dim**-0.5
+        self.scale = cfg.attention_scale
+        if cfg.qk_norm:
+            self.q_norm = make_norm(cfg, cfg.head_dim)
+            self.k_norm = make_norm(cfg, cfg.head_dim)
+        else:
+            self.q_norm = self.k_norm = None
+        self.window = cfg.window_of(layer_idx)  # None: attends to the whole context
         self.kernels = None
 
     def forward(
@@ -98,7 +139,7 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         n = x.shape[0]
-        if self.kernels is not None and k_cache.dtype in KERNEL_KV_DTYPES:
+        if self.kernels is not None and k_cache.dtype in KERNEL_KV_DTYPES and self.q_norm is None:
             # RoPE and the K/V cache write in one op (the same one LlamaModel's fused decode uses).
             q = self.kernels.rope_qkv(
                 self.qkv_proj(x),
@@ -113,8 +154,12 @@ class Attention(nn.Module):
             )
         else:
             q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = Rotary.apply(q.view(n, self.num_heads, self.head_dim), *rope)
-            k = Rotary.apply(k.view(n, self.num_kv_heads, self.head_dim), *rope)
+            q = q.reshape(n, self.num_heads, self.head_dim)
+            k = k.reshape(n, self.num_kv_heads, self.head_dim)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q = Rotary.apply(q, *rope)
+            k = Rotary.apply(k, *rope)
             v = v.view(n, self.num_kv_heads, self.head_dim)
             # k_cache: (num_blocks, block_size, kvh, hd); write the new tokens' K/V into their slots.
             k_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = k.to(k_cache.dtype)
@@ -129,22 +174,38 @@ class Attention(nn.Module):
         return self.o_proj(o)
 
     def _prefill(self, q, span, k_cache, v_cache) -> torch.Tensor:
-        # q: (L, h, hd); gather the sequence's whole context (T tokens) from its blocks.
-        t = span.context_len
-        k = k_cache[span.block_table].flatten(0, 1)[:t].to(q.dtype)  # (T, kvh, hd)
-        v = v_cache[span.block_table].flatten(0, 1)[:t].to(q.dtype)
+        # q: (L, h, hd); gather the sequence's context (T tokens) from its blocks.
+        t, length = span.context_len, q.shape[0]
+        mask = span.mask
+        first = 0  # the first key position gathered
+        if self.window is not None and t > self.window:
+            # A local layer: query i (position t - L + i) sees keys (pos - window, pos]; keys
+            # before the first query's window are not gathered at all.
+            first = max(0, t - length - self.window + 1)
+            q_pos = torch.arange(t - length, t).unsqueeze(1)
+            k_pos = torch.arange(first, t).unsqueeze(0)
+            mask = (k_pos <= q_pos) & (k_pos > q_pos - self.window)
+            if span.mask is not None:
+                mask &= span.mask[:, first:]
+        bs = k_cache.shape[1]
+        blocks = span.block_table[first // bs :]
+        skip = first - first // bs * bs
+        k = k_cache[blocks].flatten(0, 1)[skip : skip + t - first].to(q.dtype)  # (T', kvh, hd)
+        v = v_cache[blocks].flatten(0, 1)[skip : skip + t - first].to(q.dtype)
         q_ = q.transpose(0, 1).unsqueeze(0)  # (1, h, L, hd)
-        k_ = k.transpose(0, 1).unsqueeze(0)  # (1, kvh, T, hd)
+        k_ = k.transpose(0, 1).unsqueeze(0)  # (1, kvh, T', hd)
         v_ = v.transpose(0, 1).unsqueeze(0)
-        if span.mask is None:
+        if mask is None:
             o = F.scaled_dot_product_attention(q_, k_, v_, is_causal=True, enable_gqa=True, scale=self.scale)
         else:
-            o = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=span.mask, enable_gqa=True, scale=self.scale)
-        return o[0].transpose(0, 1).reshape(q.shape[0], self.q_size)
+            o = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, enable_gqa=True, scale=self.scale)
+        return o[0].transpose(0, 1).reshape(length, self.q_size)
 
     def _decode(self, q, batch, k_cache, v_cache) -> torch.Tensor:
         # One query per sequence. Plain matmul attention: on CPU it beats SDPA for this shape.
         b = q.shape[0]
+        if self.window is not None:
+            return self._decode_window(q, batch, k_cache, v_cache)
         if self.kernels is not None and k_cache.dtype in KERNEL_KV_DTYPES and batch.decode_context_lens is not None:
             o = self.kernels.paged_decode_attention(
                 q.reshape(b, self.num_heads, self.head_dim),
@@ -164,6 +225,31 @@ class Attention(nn.Module):
         o = torch.matmul(probs, v.transpose(1, 2))  # (B, kvh, g, hd)
         return o.reshape(b, self.q_size)
 
+    def _decode_window(self, q, batch, k_cache, v_cache) -> torch.Tensor:
+        """Decode attention of a local layer: each row reads only the blocks that hold its last
+        `window` positions (at most window/block_size + 1 of them), so its cost does not grow
+        with the context. fastmode's paged decode kernel reads whole block tables from position
+        0, hence plain PyTorch here."""
+        b, bs = q.shape[0], k_cache.shape[1]
+        ctx = batch.decode_context_lens  # (B,)
+        tables = batch.decode_block_tables
+        width = tables.shape[1]
+        num = min(width, -(-self.window // bs) + 1)  # a window straddles at most this many blocks
+        first = ((ctx - self.window).clamp(min=0) // bs).clamp(max=width - num)  # (B,) first block read
+        idx = first.unsqueeze(1) + torch.arange(num)  # (B, num) indexes into each row's table
+        pos = (idx.unsqueeze(2) * bs + torch.arange(bs)).flatten(1)  # (B, num*bs) key positions
+        valid = (pos < ctx.unsqueeze(1)) & (pos >= (ctx - self.window).unsqueeze(1))
+        mask = torch.zeros(valid.shape).masked_fill(~valid, float("-inf"))[:, None, None, :]
+        blocks = tables.gather(1, idx)
+        g = self.num_heads // self.num_kv_heads
+        k = k_cache[blocks].flatten(1, 2).to(q.dtype)  # (B, num*bs, kvh, hd)
+        v = v_cache[blocks].flatten(1, 2).to(q.dtype)
+        q = q.reshape(b, self.num_kv_heads, g, self.head_dim)
+        scores = torch.matmul(q, k.permute(0, 2, 3, 1)).float() * self.scale  # (B, kvh, g, num*bs)
+        probs = torch.softmax(scores + mask, dim=-1).to(v.dtype)
+        o = torch.matmul(probs, v.transpose(1, 2))
+        return o.reshape(b, self.q_size)
+
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -171,24 +257,37 @@ class MLP(nn.Module):
         self.inter = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gelu = cfg.hidden_act == "gelu_tanh"  # GeGLU (Gemma) instead of SwiGLU
         self.kernels = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernels is not None and x.dtype == torch.float32:
+        if self.kernels is not None and x.dtype == torch.float32 and not self.gelu:
             return self.down_proj(self.kernels.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(act * up)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """Pre-norm attention and MLP blocks; with `sandwich_norms` (Gemma) each block's output is
+    normed too, and the MLP's input norm is `pre_feedforward_layernorm` (Hugging Face's names)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.sandwich = cfg.sandwich_norms
+        self.input_layernorm = make_norm(cfg, cfg.hidden_size)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
+        if self.sandwich:
+            self.pre_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
+            self.post_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
         self.mlp = MLP(cfg)
 
     def forward(self, x, rope, batch, k_cache, v_cache):
+        if self.sandwich:
+            h = self.self_attn(self.input_layernorm(x), rope, batch, k_cache, v_cache)
+            x = x + self.post_attention_layernorm(h)
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
         x = x + self.self_attn(self.input_layernorm(x), rope, batch, k_cache, v_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -200,8 +299,8 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = make_norm(cfg, cfg.hidden_size)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -216,16 +315,26 @@ class LlamaModel(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logit_indices: torch.Tensor,  # (S,) rows of the flat batch whose next token is wanted
     ) -> torch.Tensor:
+        cfg = self.cfg
         x = self.embed_tokens(input_ids)
+        if cfg.embedding_scale != 1.0:
+            # Gemma: the scale is rounded to the activations' dtype first, as its reference does.
+            x = x * torch.tensor(cfg.embedding_scale, dtype=x.dtype)
         rope = self.rotary.tables(positions)
         fused = self._fused_decode(batch, kv_caches)
         if fused is not None:
             x = fused(x, rope)
         else:
+            local = self.rotary.local_tables(positions) if cfg.sliding_layers else None
             for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-                x = layer(x, rope, batch, k_cache, v_cache)
+                layer_rope = local if local is not None and layer.self_attn.window is not None else rope
+                x = layer(x, layer_rope, batch, k_cache, v_cache)
         x = self.norm(x[logit_indices])
-        return self.lm_head(x).float()  # (S, vocab)
+        logits = self.lm_head(x).float()  # (S, vocab)
+        if cfg.final_logit_softcapping:
+            cap = cfg.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def _fused_decode(self, batch: AttentionBatch, kv_caches):
         """For a step of decodes only, on fastmode's kernels with every layer's
@@ -234,6 +343,9 @@ class LlamaModel(nn.Module):
         kernels = getattr(self, "kernels", None)
         if kernels is None or batch.prefill_spans or batch.decode_context_lens is None:
             return None
+        c = self.cfg
+        if c.qk_norm or c.sandwich_norms or c.sliding_layers or c.hidden_act != "silu":
+            return None  # the fused kernel runs the Llama block only
         if kv_caches[0][0].dtype not in KERNEL_KV_DTYPES:
             return None
         pack = getattr(self, "_decode_pack", None)
@@ -295,7 +407,7 @@ def use_kernels(model: nn.Module, kernels) -> None:
     The loader turns them on with native quantized weights; the dequantized
     reference path keeps plain PyTorch."""
     for m in model.modules():
-        if isinstance(m, (RMSNorm, Attention, MLP, LlamaModel)):
+        if isinstance(m, (RMSNorm, Attention, MLP, LlamaModel)):  # GemmaRMSNorm included
             m.kernels = kernels
         if isinstance(m, LlamaModel):
             m._decode_pack = None  # rebuilt on the next decode step
