@@ -3,11 +3,16 @@
     fastmode eval                                   # the embedded model
     fastmode eval --model teacher.gguf --model spark/ --speculative ngram --json runs/eval.json
     fastmode eval --limit 5 --no-speed --no-perplexity   # a quick smoke run
+    fastmode eval --agent --json runs/agent.json --plot runs/agent.png   # the agent tasks, per route
 
 Every `--model` is evaluated plainly. With `--speculative ngram|draft` the
 first model (the teacher) is evaluated once more with speculative decoding,
 and the table shows how often its output is identical to the plain run; all
 runs then generate in batches of 4, where the engine actually speculates.
+
+`--agent` runs the multi-step tool-use suite instead, through a live server on
+every route (standard, fast, fast with n-gram speculation, Spark, Spark with a
+verifier); see fastmode.evals.agent.command for its flags.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 from fastmode.commands.flags import add_dataclass_args
 from fastmode.engine.config import CacheConfig, LoadConfig
+from fastmode.evals.agent.command import AgentOptions
 
 SPECULATIVE_CHOICES = ("off", "ngram", "draft")
 # The engine speculates only while few sequences decode together (its
@@ -68,6 +74,7 @@ def register(subparsers: Any) -> None:
     add_dataclass_args(p, EvalOptions, repeatable=("model",), title="eval")
     add_dataclass_args(p, LoadConfig, only=("dtype", "weights"), title="model loading")
     add_dataclass_args(p, CacheConfig, only=("kv_cache_dtype",), title="model loading (KV cache)")
+    add_dataclass_args(p, AgentOptions, title="agent tasks (--agent)")
     p.set_defaults(func=run)
 
 
@@ -87,6 +94,10 @@ def _load(model: str | None, dtype: str | None, weights: str | None = None, kv_c
 
 def run(args: argparse.Namespace) -> int:
     """Evaluate every model, print the table, optionally write JSON."""
+    if args.agent:
+        from fastmode.evals.agent.command import run_agent
+
+        return run_agent(args)
     from fastmode.evals.report import format_table, to_json, write_json
     from fastmode.evals.runner import evaluate
     from fastmode.evals.tasks import load_tasks

@@ -164,5 +164,39 @@ def seed_table(n_steps: int = 10) -> list[dict[str, Any]]:
     ]
 
 
+def modes_from_agent_eval(document: dict[str, Any]) -> tuple[list[Mode], list[str]]:
+    """One mode per route measured by `fastmode eval --agent` (its `--json` document), and
+    a note for each route that cannot be priced (no right step, so p = 0).
+
+    Every figure is measured on the routes' agent runs: p is the per-step accuracy
+    (after the verifier's retries, on its route), latency_s the mean time to first
+    token per step, tok_s the output rate after it, tokens_per_step the mean output
+    per step, and the price the metered cost of a step over its output tokens, prefill
+    included (so the input price is 0: it is already in).
+    """
+    if document.get("kind") != "fastmode-agent-eval":
+        raise ValueError("not a `fastmode eval --agent --json` document (its kind is not fastmode-agent-eval)")
+    modes, notes = [], []
+    for route in document.get("routes", []):
+        figures = route["chain_inputs"]
+        name = route["route"]
+        if figures["p_step"] <= 0 or figures["tok_s"] <= 0:
+            notes.append(f"{name}: p = {figures['p_step']:.3f}, tok/s = {figures['tok_s']:.1f}; not priced")
+            continue
+        p = route["p_step"]
+        modes.append(
+            Mode(
+                name,
+                min(1.0, figures["p_step"]),
+                figures["tok_s"],
+                figures["usd_per_mtok"],
+                tokens_per_step=max(1, round(figures["tokens_per_step"])),
+                latency_s=figures["latency_s"],
+                note=f"measured: p {p['correct']}/{p['total']} steps, {route['num_tasks']} agent tasks",
+            )
+        )
+    return modes, notes
+
+
 def compare(modes: Iterable[Mode], n_steps: int, strategies: Iterable[str] = STRATEGIES) -> list[ChainResult]:
     return [evaluate_chain(m, n_steps, s) for s in strategies for m in modes]
