@@ -3,8 +3,10 @@
 Workers loop over a mix of scenarios for --duration-s (30 minutes by default):
 chat streams and non-streaming chats on every tier (fast, standard, flex, auto),
 Anthropic messages (fast and standard, streamed or not), clients that disconnect
-mid-stream, WebSocket sessions of two chained Responses turns, and bad requests
-(lone surrogates, out-of-range seeds, broken JSON, too many stop strings).
+mid-stream, WebSocket sessions of two chained Responses turns, bad requests
+(lone surrogates, out-of-range seeds, broken JSON, too many stop strings), and
+slow-loris connections that dribble a request head, which the server must close
+within its header timeout (`--header-timeout-s`, passed to the server).
 
 Every request must end with a response or a clean error: a 2xx, or a 4xx/429/503/529
 in the dialect's format, or (for a stream) an in-band error event. Anything else (a 500,
@@ -44,15 +46,16 @@ CLEAN_ERRORS = {400, 404, 413, 429, 503, 529}
 
 
 class Soak:
-    def __init__(self, url: str, model: str, max_tokens: int):
+    def __init__(self, url: str, model: str, max_tokens: int, header_timeout_s: float):
         self.url, self.model, self.max_tokens = url, model, max_tokens
+        self.header_timeout_s = header_timeout_s
         self.outcomes: Counter = Counter()  # (scenario, outcome)
         self.latency: dict[int, list[float]] = defaultdict(list)  # minute -> seconds
         self.t0 = time.monotonic()
 
     def record(self, scenario: str, outcome: str, seconds: float) -> None:
         self.outcomes[(scenario, outcome)] += 1
-        if outcome == "ok":
+        if outcome == "ok" and scenario != "slowloris":  # a slow-loris lasts as long as the server lets it
             self.latency[int((time.monotonic() - self.t0) // 60)].append(seconds)
 
     def chat(self, stream: bool, tier: str) -> dict:
@@ -83,7 +86,8 @@ class Soak:
 
     async def one(self, client: httpx.AsyncClient) -> None:
         scenario = random.choices(
-            ["chat_stream", "chat", "messages", "disconnect", "websocket", "bad"], weights=[4, 3, 3, 1, 1, 2]
+            ["chat_stream", "chat", "messages", "disconnect", "websocket", "bad", "slowloris"],
+            weights=[4, 3, 3, 1, 1, 2, 1],
         )[0]
         tier = random.choice(["priority", "default", "flex", "auto"])
         t = time.monotonic()
@@ -109,6 +113,8 @@ class Soak:
                     outcome = "ok" if r.status_code == 200 else self.status(r)
             elif scenario == "websocket":
                 outcome = await self.websocket()
+            elif scenario == "slowloris":
+                outcome = await self.slowloris()
             else:
                 outcome = await self.bad(client)
         except (httpx.HTTPError, websockets.WebSocketException, OSError, asyncio.TimeoutError) as e:
@@ -134,6 +140,29 @@ class Soak:
             self.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
         )
         return "ok" if 400 <= r.status_code < 500 else f"lost {r.status_code}"
+
+    async def slowloris(self) -> str:
+        """Send a request head a line at a time, never finishing it: the server must close the
+        connection within its header timeout (plus a few seconds of slack for a busy machine)."""
+        host, port = self.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        t0 = time.monotonic()
+        try:
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: " + host.encode() + b"\r\n")
+            i = 0
+            while time.monotonic() - t0 < self.header_timeout_s + 5:
+                try:
+                    if await asyncio.wait_for(reader.read(4096), 0.5) == b"":
+                        return "ok"  # closed by the server
+                except asyncio.TimeoutError:
+                    pass
+                writer.write(b"x-pad-%d: y\r\n" % i)
+                i += 1
+            return "lost (slow-loris connection held open)"
+        except ConnectionResetError:
+            return "ok"  # closed by the server while we wrote
+        finally:
+            writer.close()
 
     async def websocket(self) -> str:
         ws_url = self.url.replace("http://", "ws://") + "/v1/responses"
@@ -184,7 +213,7 @@ async def sample(url: str, pid: int, t0: float) -> dict:
 
 
 async def run(args: argparse.Namespace, server: Server) -> dict:
-    soak = Soak(server.base_url, args.model_name, args.max_tokens)
+    soak = Soak(server.base_url, args.model_name, args.max_tokens, args.header_timeout_s)
     pid = server.proc.pid
     samples = [await sample(server.base_url, pid, soak.t0)]
     stop_at = soak.t0 + args.duration_s
@@ -233,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="a model path (default: the embedded model)")
     p.add_argument("--port", type=int, default=8471)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--header-timeout-s", type=float, default=3.0, help="the server's --http-header-timeout-s")
     p.add_argument("--rss-growth", type=float, default=0.10, help="allowed RSS growth after warm-up (fraction)")
     p.add_argument("--out", default="runs/soak.json")
     args = p.parse_args(argv)
@@ -244,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         str(args.threads),
         "--max-waiting-requests",
         "16",
+        "--http-header-timeout-s",
+        str(args.header_timeout_s),
         "--log-level",
         "warning",
     ]
@@ -255,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         args.model_name = models[0]["id"]
         report = asyncio.run(run(args, server))
     write_json(args.out, report)
-    print(json.dumps({k: report[k] for k in ("served", "outcomes", "checks", "lost")}, indent=1))
+    summary = {k: report[k] for k in ("served", "outcomes", "checks", "lost")}
+    summary["p99_s_by_minute"] = {m: v["p99_s"] for m, v in report["latency_by_minute"].items()}
+    summary["start"], summary["end"] = report["samples"][0], report["samples"][-1]
+    print(json.dumps(summary, indent=1))
     print("PASS" if all(report["checks"].values()) else "FAIL")
     return 0 if all(report["checks"].values()) else 1
 
