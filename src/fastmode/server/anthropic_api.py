@@ -38,6 +38,7 @@ from fastmode.server.generation import (
     stop_details,
 )
 from fastmode.server.ratelimit import anthropic_headers
+from fastmode.server.reasoning import ReasoningParser, is_thinking_model, prompt_opens_thinking, with_thinking
 from fastmode.server.served_model import ServedModel
 from fastmode.server.state import get_state, require_api_key
 from fastmode.server.tools import (
@@ -60,6 +61,17 @@ FAST_MODE_BETA = "fast-mode-2026-02-01"
 _STOP_REASON = {"eos": "end_turn", "stop_string": "stop_sequence", "length": "max_tokens"}
 
 
+def _tokenizer(model: ServedModel, body: MessagesRequest):
+    """The model's tokenizer with the request's thinking switch; 400 for thinking the model cannot do."""
+    if body.thinking_enabled() and not model.tokenizer.has_thinking_switch:
+        raise ApiError(
+            "invalid_request",
+            f"thinking: {model.name}'s chat template has no thinking switch; remove it",
+            param="thinking",
+        )
+    return with_thinking(model.tokenizer, body.thinking_enabled())
+
+
 def _prompt_ids(model: ServedModel, body: MessagesRequest, tools: list[ToolSpec]) -> list[int]:
     messages = chat_messages(body.messages)
     system = body.system_text()
@@ -67,7 +79,7 @@ def _prompt_ids(model: ServedModel, body: MessagesRequest, tools: list[ToolSpec]
         messages.insert(0, {"role": "system", "content": system})
     last = messages[-1]
     prefill = messages.pop()["content"] if last["role"] == "assistant" and not last.get("tool_calls") else None
-    tok = model.tokenizer
+    tok = _tokenizer(model, body)
     try:
         ids = render_prompt(tok, messages, tools)
     except ValueError as e:
@@ -170,21 +182,28 @@ async def create_message(body: MessagesRequest, request: Request):
         **anthropic_headers(admission.tier, admission.rate_limits),
     }
     calls_possible = bool(tools) and choice.mode != "none"
+    tok = model.tokenizer
+    # A thinking model's output is split into thinking and text; None: no think blocks.
+    opens = prompt_opens_thinking(tok, ids) if is_thinking_model(tok) else None
     if body.stream:
-        return SSEResponse(_events(job, msg_id, speed, calls_possible), on_close=job.close, headers=headers)
+        return SSEResponse(_events(job, msg_id, speed, calls_possible, opens), on_close=job.close, headers=headers)
     o = await collect(request, job)
     if o is None:
         return client_gone()
-    content: list[dict] = [{"type": "text", "text": o.text}]
+    thought, text = ReasoningParser(opens).split(o.text) if opens is not None else ("", o.text)
+    thinking = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
+    content: list[dict] = thinking + [{"type": "text", "text": text}]
     called = False
     if calls_possible:
         parser = ToolCallParser("toolu_")
-        parser.feed(o.text)
+        parser.feed(text)
         parser.finish()
         called = bool(parser.calls)
-        content = ([{"type": "text", "text": parser.text}] if parser.text or not called else []) + [
-            {"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments} for c in parser.calls
-        ]
+        content = (
+            thinking
+            + ([{"type": "text", "text": parser.text}] if parser.text or not called else [])
+            + [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments} for c in parser.calls]
+        )
     stop_reason, stop_seq = _stop_reason(o, job, called)
     message = {
         "id": msg_id,
@@ -226,6 +245,15 @@ class _Blocks:
             {"type": "content_block_delta", "index": self.count - 1, "delta": delta}, "content_block_delta"
         )
 
+    def thinking(self, text: str) -> list[str]:
+        """A thinking_delta, in a thinking block opened for it (it comes before any other block)."""
+        out = []
+        if self.open != "thinking":
+            out += self.stop()
+            out.append(self.start({"type": "thinking", "thinking": "", "signature": ""}))
+        out.append(self.delta({"type": "thinking_delta", "thinking": text}))
+        return out
+
     def events(self, events: list[Event]) -> list[str]:
         out = []
         for e in events:
@@ -245,9 +273,12 @@ class _Blocks:
         return out
 
 
-async def _events(job: Job, msg_id: str, speed: str, calls_possible: bool) -> AsyncIterator[str]:
+async def _events(
+    job: Job, msg_id: str, speed: str, calls_possible: bool, opens_thinking: bool | None = None
+) -> AsyncIterator[str]:
     """message_start, content blocks (start, deltas, stop), message_delta (stop_reason, usage),
-    message_stop: the sequence Anthropic's SDKs parse. Without tools the text block opens at once."""
+    message_stop: the sequence Anthropic's SDKs parse. Without tools or thinking the text block
+    opens at once; a thinking model's reasoning streams first, as a thinking block."""
     start_usage = {
         "input_tokens": len(job.prompt_ids),
         "cache_creation_input_tokens": 0,
@@ -269,13 +300,22 @@ async def _events(job: Job, msg_id: str, speed: str, calls_possible: bool) -> As
     yield sse_event({"type": "message_start", "message": message}, "message_start")
     blocks = _Blocks()
     parser = ToolCallParser("toolu_") if calls_possible else None
-    if parser is None:
+    reasoning = ReasoningParser(opens_thinking) if opens_thinking is not None else None
+    if parser is None and reasoning is None:
         yield blocks.start({"type": "text", "text": ""})
     yield sse_event({"type": "ping"}, "ping")
     try:
         async with aclosing(job.outputs()) as outs:
             async for o in outs:
-                events = parser.feed(o.delta_text) if parser else [TextDelta(o.delta_text)] if o.delta_text else []
+                text = o.delta_text
+                if reasoning is not None:
+                    thought, text = reasoning.feed(text)
+                    if o.finished:
+                        more = reasoning.finish()
+                        thought, text = thought + more[0], text + more[1]
+                    for event in blocks.thinking(thought) if thought else []:
+                        yield event
+                events = parser.feed(text) if parser else [TextDelta(text)] if text else []
                 for event in blocks.events(events + (parser.finish() if parser and o.finished else [])):
                     yield event
     except ApiError as e:

@@ -1,7 +1,8 @@
 """Typed request bodies of the Anthropic dialect (POST /v1/messages).
 
-Unknown fields are refused; server tools, thinking and other features this
-server does not implement are refused by name instead of being ignored.
+Unknown fields are refused; server tools and other features this server does
+not implement are refused by name instead of being ignored. `thinking` switches
+a thinking model's think block (see server/reasoning.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from fastmode.server.errors import ApiError, validation_message
 from fastmode.server.openai_models import Speculative  # the same extension everywhere
 from fastmode.server.params import Temperature1, TopK, TopP
 from fastmode.server.tools import ToolChoice, ToolSpec
+
+THINKING_TYPES = ("enabled", "adaptive", "disabled")
 
 
 class _Strict(BaseModel):
@@ -49,7 +52,23 @@ class ToolResultBlock(_Strict):
         return f"Error: {text}" if self.is_error else text
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+class ThinkingBlock(_Strict):
+    """An earlier answer's reasoning, sent back in the history (tool loops send it back)."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None  # Anthropic's integrity check; this server signs nothing
+    cache_control: dict[str, Any] | None = None
+
+
+class RedactedThinkingBlock(_Strict):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+Block = Annotated[
+    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")
+]
 
 
 class InputMessage(_Strict):
@@ -77,6 +96,9 @@ def chat_messages(messages: list[InputMessage]) -> list[dict]:
                 if isinstance(b, ToolUseBlock)
             ]
             msg: dict[str, Any] = {"role": "assistant", "content": m.text()}
+            thought = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))
+            if thought:  # thinking templates (Qwen3) render or drop it themselves
+                msg["reasoning_content"] = thought
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)
@@ -141,7 +163,7 @@ class MessagesRequest(_Strict):
 
     def unsupported(self) -> None:
         checks = [
-            ("thinking", self.thinking is not None and self.thinking.get("type") != "disabled"),
+            ("thinking", self.thinking is not None and self.thinking.get("type") not in THINKING_TYPES),
             ("mcp_servers", bool(self.mcp_servers)),
             ("container", self.container is not None),
             ("context_management", self.context_management is not None),
@@ -152,6 +174,10 @@ class MessagesRequest(_Strict):
         for name, bad in checks:
             if bad:
                 raise ApiError("invalid_request", f"{name}: not supported by this server; remove it", param=name)
+
+    def thinking_enabled(self) -> bool:
+        """Whether the request asks for a think block: Anthropic's default is no thinking."""
+        return self.thinking is not None and self.thinking.get("type") in ("enabled", "adaptive")
 
     def tool_specs(self) -> list[ToolSpec]:
         specs = []

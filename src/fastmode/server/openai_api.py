@@ -51,6 +51,7 @@ from fastmode.server.openai_models import (
     chat_messages,
 )
 from fastmode.server.ratelimit import openai_headers
+from fastmode.server.reasoning import ReasoningParser, is_thinking_model, prompt_opens_thinking, with_thinking
 from fastmode.server.served_model import ServedModel
 from fastmode.server.state import ServerState, get_state, require_api_key
 from fastmode.server.tools import (
@@ -199,6 +200,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state.check_input(body)
     model = state.select(body.model)
     body.unsupported()
+    if body.reasoning_effort is not None and not model.tokenizer.has_thinking_switch:
+        raise ApiError(
+            "invalid_request",
+            f"reasoning_effort: {model.name}'s chat template has no thinking switch; remove it",
+            param="reasoning_effort",
+            code="unsupported_parameter",
+        )
+    tok = with_thinking(model.tokenizer, body.thinking())
     messages = chat_messages(body.messages)
     tools, choice = body.tool_specs(), body.tool_choice_of()
     # tool_choice none: the tools are neither described to the model nor callable.
@@ -212,7 +221,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         raise ApiError("invalid_request", str(e), param=e.param) from None
     structured_param = "response_format" if structured is answer else "tools"
     try:
-        ids = await state.tokenizers.run(render_prompt, model.tokenizer, messages, offered)
+        ids = await state.tokenizers.run(render_prompt, tok, messages, offered)
     except ValueError as e:  # no template, or the template refused the conversation
         raise ApiError("invalid_request", str(e), param="messages") from e
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -237,6 +246,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     }
     headers = response_headers(jobs[0].admission, rid)
     out = _ChatOutput(model, with_tools=bool(offered), logprobs=body.num_logprobs() is not None)
+    if is_thinking_model(tok):
+        out.reasoning_from_prompt = prompt_opens_thinking(tok, ids)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return SSEResponse(_chat_events(jobs, head, include_usage, out), on_close=lambda: _close(jobs), headers=headers)
@@ -264,9 +275,14 @@ class _ChatOutput:
     def __init__(self, model: ServedModel, with_tools: bool, logprobs: bool):
         self.with_tools = with_tools
         self.tokens = TokenText(model.tokenizer) if logprobs else None
+        # A thinking model's output: None = no think blocks; else whether the prompt opened one.
+        self.reasoning_from_prompt: bool | None = None
 
     def parser(self) -> ToolCallParser | None:
         return ToolCallParser("call_") if self.with_tools else None
+
+    def reasoning(self) -> ReasoningParser | None:
+        return None if self.reasoning_from_prompt is None else ReasoningParser(self.reasoning_from_prompt)
 
     def logprobs(self, entries) -> dict | None:
         if self.tokens is None:
@@ -274,11 +290,15 @@ class _ChatOutput:
         return {"content": chat_logprobs(self.tokens, entries or []), "refusal": None}
 
     def choice(self, index: int, o: RequestOutput, logprobs: list) -> dict:
-        message: dict = {"role": "assistant", "content": o.text, "refusal": None}
+        text, reasoning = o.text, self.reasoning()
+        message: dict = {"role": "assistant", "content": text, "refusal": None}
+        if reasoning is not None:
+            thought, text = reasoning.split(o.text)
+            message.update(content=text, reasoning_content=thought or None)
         calls = []
         parser = self.parser()
         if parser is not None:
-            parser.feed(o.text)
+            parser.feed(text)
             parser.finish()
             calls = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
@@ -326,6 +346,7 @@ async def _chat_events(jobs: list[Job], head: dict, include_usage: bool, out: _C
     head = {**head, "object": "chat.completion.chunk"}
     extra = {"usage": None} if include_usage else {}
     parsers = [out.parser() for _ in jobs]
+    thinking = [out.reasoning() for _ in jobs]
     pending: list[list] = [[] for _ in jobs]  # logprobs not yet sent with a chunk, per choice
 
     def chunk(i: int, delta: dict, finish: str | None = None) -> str:
@@ -340,7 +361,15 @@ async def _chat_events(jobs: list[Job], head: dict, include_usage: bool, out: _C
     try:
         async for i, o in interleave(jobs):
             pending[i] += getattr(o, "delta_logprobs", None) or []
-            for delta in _deltas(parsers[i], o.delta_text, o.finished):
+            text = o.delta_text
+            if thinking[i] is not None:
+                thought, text = thinking[i].feed(text)
+                if o.finished:
+                    more = thinking[i].finish()
+                    thought, text = thought + more[0], text + more[1]
+                if thought:
+                    yield chunk(i, {"reasoning_content": thought})
+            for delta in _deltas(parsers[i], text, o.finished):
                 yield chunk(i, delta)
             if o.finished:
                 calls = parsers[i] is not None and bool(parsers[i].calls)

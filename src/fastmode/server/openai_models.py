@@ -60,6 +60,7 @@ class ChatMessage(_Strict):
     tool_calls: list[ToolCallItem] | None = None  # assistant
     tool_call_id: str | None = None  # tool
     refusal: str | None = None  # assistant; history only
+    reasoning_content: str | None = None  # assistant; history only: a thinking model's earlier reasoning
 
     def text(self) -> str:
         if self.content is None:
@@ -95,6 +96,8 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict]:
             continue
         if m.role == "assistant":
             msg: dict[str, Any] = {"role": "assistant", "content": m.text() if m.content is not None else None}
+            if m.reasoning_content:  # thinking templates (Qwen3) render or drop it themselves
+                msg["reasoning_content"] = m.reasoning_content
             if m.tool_calls:
                 msg["tool_calls"] = [_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(m.tool_calls)]
                 names.update((c.id, c.function.name) for c in m.tool_calls)
@@ -237,7 +240,8 @@ class ChatCompletionRequest(SamplingFields):
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None
-    reasoning_effort: str | None = None
+    # A thinking model's switch (see server/reasoning.py): "none" off, any other effort on.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     web_search_options: Any = None
     verbosity: str | None = None
 
@@ -248,7 +252,6 @@ class ChatCompletionRequest(SamplingFields):
             ("audio", self.audio is not None),
             ("modalities", self.modalities not in (None, ["text"])),
             ("prediction", self.prediction is not None),
-            ("reasoning_effort", self.reasoning_effort is not None),
             ("web_search_options", self.web_search_options is not None),
             ("verbosity", self.verbosity is not None),
         ]
@@ -256,6 +259,10 @@ class ChatCompletionRequest(SamplingFields):
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def thinking(self) -> bool | None:
+        """The template's thinking switch for this request; None: the template's default."""
+        return None if self.reasoning_effort is None else self.reasoning_effort != "none"
 
     def num_logprobs(self) -> int | None:
         """SamplingParams.logprobs: None (off), 0 (the chosen token's) or top_logprobs alternatives."""

@@ -1,0 +1,119 @@
+"""Reasoning content: the `<think>...</think>` block a thinking model (Qwen3) writes before its
+answer, reported apart from the answer instead of mixed into it.
+
+OpenAI chat reports it as `reasoning_content` on the message (`delta.reasoning_content` when
+streaming), as vLLM does; Anthropic as `thinking` content blocks. A request switches thinking
+with OpenAI's `reasoning_effort` ("none" off, any other effort on; absent: the template's own
+default) or Anthropic's `thinking` ({"type": "enabled"} on, "disabled" or absent off, as with
+Claude), mapped onto the chat template's `enable_thinking` variable. There is no thinking
+budget: a model with the switch either thinks or does not.
+
+`ReasoningParser` splits the text as it streams: the tags arrive in pieces of any size (a tag
+may be split across tokens, or several tags and text may come in one piece), so text that may
+be the start of a tag is held back until the next piece decides it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fastmode.loader.tokenizer import Tokenizer
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+def is_thinking_model(tok: Tokenizer) -> bool:
+    """Whether this model writes think blocks: its chat template knows the closing tag."""
+    return bool(tok.chat_template) and CLOSE in tok.chat_template
+
+
+def with_thinking(tok: Tokenizer, enabled: bool | None) -> Tokenizer:
+    """The tokenizer whose template renders with thinking switched on or off (None: the template's default)."""
+    if enabled is None or not tok.has_thinking_switch:
+        return tok
+    return tok.with_template_variables(enable_thinking=enabled)
+
+
+def prompt_opens_thinking(tok: Tokenizer, prompt_ids: Sequence[int]) -> bool:
+    """Whether the prompt itself ends inside a think block (templates that write `<think>` after
+    the generation prompt), so the output starts as reasoning without an opening tag."""
+    tail = tok.decode(list(prompt_ids[-8:]), skip_special_tokens=False)
+    return tail.rstrip().endswith(OPEN)
+
+
+def _partial_tag(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class ReasoningParser:
+    """Feeds generated text, returns (reasoning, content) deltas.
+
+    The output is reasoning when it opens with `<think>` (leading whitespace allowed) or when the
+    prompt already opened the block; reasoning ends at `</think>`, and the newlines around the
+    tags are dropped. Output that opens with anything else is all content. A block that never
+    closes (the length limit cut it) stays reasoning."""
+
+    def __init__(self, in_reasoning: bool = False):
+        self.state = "reasoning" if in_reasoning else "start"
+        self.held = ""  # text that may still turn out to be (part of) a tag
+        self.strip_newlines = in_reasoning  # drop newlines at the start of the next reasoning/content
+
+    def feed(self, text: str) -> tuple[str, str]:
+        reasoning, content = [], []
+        text = self.held + text
+        self.held = ""
+        while text:
+            if self.state == "start":
+                stripped = text.lstrip()
+                if stripped.startswith(OPEN):
+                    self.state, self.strip_newlines = "reasoning", True
+                    text = stripped[len(OPEN) :]
+                elif OPEN.startswith(stripped):  # whitespace or a partial tag: wait for more
+                    self.held = text
+                    break
+                else:
+                    self.state = "content"
+            elif self.state == "reasoning":
+                if self.strip_newlines:
+                    text = text.lstrip("\n")
+                    if not text:
+                        break
+                    self.strip_newlines = False
+                end = text.find(CLOSE)
+                if end >= 0:
+                    reasoning.append(text[:end].rstrip("\n"))
+                    self.state, self.strip_newlines = "content", True
+                    text = text[end + len(CLOSE) :]
+                    continue
+                # Held back: a partial closing tag, and the newlines before it (dropped if it closes).
+                cut = len(text) - _partial_tag(text, CLOSE)
+                cut = len(text[:cut].rstrip("\n"))
+                reasoning.append(text[:cut])
+                self.held = text[cut:]
+                break
+            else:
+                if self.strip_newlines:
+                    text = text.lstrip("\n")
+                    if not text:
+                        break
+                    self.strip_newlines = False
+                content.append(text)
+                break
+        return "".join(reasoning), "".join(content)
+
+    def finish(self) -> tuple[str, str]:
+        """What was held back, once no more text will come."""
+        held, self.held = self.held, ""
+        if self.state == "reasoning":
+            return held, ""
+        return "", held
+
+    def split(self, text: str) -> tuple[str, str]:
+        """(reasoning, content) of a whole output."""
+        r1, c1 = self.feed(text)
+        r2, c2 = self.finish()
+        return r1 + r2, c1 + c2
