@@ -84,6 +84,30 @@ def test_openai_reports_the_think_block_as_reasoning_content(qwen3_server):
     assert qwen3_server.wait_idle()
 
 
+def test_a_forced_json_answer_switches_thinking_off(qwen3_server):
+    with openai.OpenAI(base_url=qwen3_server.url + "/v1", api_key="unused", max_retries=0) as c:
+        r = c.chat.completions.create(
+            model=qwen3_server.model,
+            messages=ASK,
+            max_tokens=12,
+            temperature=0,
+            response_format={"type": "json_object"},
+            reasoning_effort="high",
+        )
+        msg = r.choices[0].message
+        assert msg.content.startswith("{") and msg.model_extra["reasoning_content"] is None
+    with anthropic.Anthropic(base_url=qwen3_server.url, api_key="unused", max_retries=0) as c:
+        with pytest.raises(anthropic.BadRequestError, match="tool_choice forces tool use"):
+            c.messages.create(
+                model=qwen3_server.model,
+                messages=ASK,
+                max_tokens=12,
+                tools=[{"name": "f", "description": "f", "input_schema": {"type": "object"}}],
+                tool_choice={"type": "any"},
+                thinking={"type": "enabled", "budget_tokens": 1024},
+            )
+
+
 def test_anthropic_reports_thinking_blocks(qwen3_server):
     with anthropic.Anthropic(base_url=qwen3_server.url, api_key="unused", max_retries=0) as c:
         kw = dict(model=qwen3_server.model, messages=ASK, max_tokens=12, extra_body={"temperature": 0})

@@ -151,6 +151,10 @@ async def create_message(body: MessagesRequest, request: Request):
     model = state.select(body.model)
     body.unsupported()
     tools, choice = _tools(body)
+    if body.thinking_enabled() and choice.mode in ("required", "named"):  # as Anthropic refuses it
+        raise ApiError(
+            "invalid_request", "thinking may not be enabled when tool_choice forces tool use", param="thinking"
+        )
     try:
         grammar = tool_grammar(tools, choice)  # choice none: tools described, no calls
     except ToolError as e:

@@ -207,12 +207,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             param="reasoning_effort",
             code="unsupported_parameter",
         )
-    tok = with_thinking(model.tokenizer, body.thinking())
     messages = chat_messages(body.messages)
     tools, choice = body.tool_specs(), body.tool_choice_of()
     # tool_choice none: the tools are neither described to the model nor callable.
     offered = tools if choice.mode != "none" else []
     answer = body.structured()  # response_format: the form of a reply that calls no tool
+    # A grammar that fixes the output from its first token (a JSON answer, forced calls) leaves
+    # no room for a think block: thinking is switched off for such a turn.
+    forced = answer is not None or (bool(offered) and choice.mode in ("required", "named"))
+    tok = with_thinking(model.tokenizer, False if forced else body.thinking())
     await check_structured(model, answer, "response_format")
     try:
         check_tools(tools)
@@ -247,7 +250,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     headers = response_headers(jobs[0].admission, rid)
     out = _ChatOutput(model, with_tools=bool(offered), logprobs=body.num_logprobs() is not None)
     if is_thinking_model(tok):
-        out.reasoning_from_prompt = prompt_opens_thinking(tok, ids)
+        out.reasoning_from_prompt = not forced and prompt_opens_thinking(tok, ids)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return SSEResponse(_chat_events(jobs, head, include_usage, out), on_close=lambda: _close(jobs), headers=headers)
