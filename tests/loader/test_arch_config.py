@@ -115,3 +115,28 @@ def test_unsupported_gguf_architecture_lists_the_supported_ones(tmp_path, tiny_l
 def test_gemma3_features_not_run_are_refused_by_name(change, match):
     with pytest.raises(ModelLoadError, match=match):
         config_from_hf({**GEMMA3_1B, **change}, "gemma")
+
+
+@pytest.mark.parametrize("prefix", ["language_model.model.", "model.language_model."])
+def test_multimodal_gemma3_checkpoint_loads_its_language_model(tmp_path, tiny_gemma3_dir, prefix):
+    """An image-text Gemma 3 directory (weights under the language model's prefix, as released
+    checkpoints and transformers 5 save them, next to a vision tower) runs as its text model."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from tests.models.test_llama_vs_transformers import PROMPTS, our_batched_logits
+
+    d = tmp_path / "gemma3-mm"
+    shutil.copytree(tiny_gemma3_dir, d)
+    text = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({"model_type": "gemma3", "text_config": text}))
+    tensors = load_file(str(d / "model.safetensors"))
+    renamed = {prefix + k.removeprefix("model."): v for k, v in tensors.items()}
+    renamed["vision_tower.vision_model.embeddings.patch_embedding.weight"] = torch.zeros(4, 3)
+    save_file(renamed, str(d / "model.safetensors"))
+    ours = our_batched_logits(load_model(d, dtype="float32"), PROMPTS)
+    want = our_batched_logits(load_model(tiny_gemma3_dir, dtype="float32"), PROMPTS)
+    for a, b in zip(ours, want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
