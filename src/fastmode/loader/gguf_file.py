@@ -21,10 +21,11 @@ from fastmode.loader.gguf_cache import load_cached, store
 from fastmode.loader.tokenizer import check_gguf_tokenizer
 from fastmode.models.quant_linear import GGML_TYPES, QuantTensor
 
-# Quant types whose dequantization we test and support.
-SUPPORTED_QUANTS = frozenset(
-    {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
-)
+# Block types the kernels run as stored (with `native`; dequantized otherwise): GGML_TYPES. These
+# others are dequantized to fp32 at load (gguf's dequantization, tested here). Any other type is
+# refused before anything is read.
+DEQUANTIZED_QUANTS = frozenset({"F32", "F16", "BF16", "Q2_K", "Q3_K"})
+SUPPORTED_QUANTS = DEQUANTIZED_QUANTS | frozenset(GGML_TYPES)
 _ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "llama", "qwen3": "qwen3", "gemma3": "gemma3"}
 
 _LAYER_NAMES = {
@@ -145,11 +146,37 @@ def _hf_name(name: str, arch: str | None = None) -> str | None:
     return None  # e.g. rope_freqs: not a parameter of ours
 
 
+def _supported_types_text() -> str:
+    return (
+        f"fastmode runs {', '.join(GGML_TYPES)} as stored on its CPU kernels and dequantizes "
+        f"{', '.join(sorted(DEQUANTIZED_QUANTS))} at load"
+    )
+
+
+def check_block_types(reader, source: str, arch: str | None = None) -> None:
+    """One error naming every unsupported block type among the tensors fastmode reads (with how many
+    tensors and one of them) and what is supported; from the tensor table alone, before any data."""
+    bad: dict[str, list[str]] = {}
+    for t in reader.tensors:
+        if _hf_name(t.name, arch) is not None and t.tensor_type.name not in SUPPORTED_QUANTS:
+            bad.setdefault(t.tensor_type.name, []).append(t.name)
+    if bad:
+        found = "; ".join(
+            f"{qtype} ({len(names)} tensor{'s' if len(names) > 1 else ''}, e.g. {names[0]})"
+            for qtype, names in sorted(bad.items())
+        )
+        kinds = "block types" if len(bad) > 1 else "block type"
+        raise ModelLoadError(f"{source}: unsupported GGUF {kinds} {found}; {_supported_types_text()}")
+
+
 def read_gguf(path: Path, native: bool = False) -> tuple[ModelConfig, dict[str, Any], dict[str, Any]]:
     """Return (config, HF-named tensors, metadata).
 
-    Tensors are fp32, except with `native`: 2-D weights stored as Q4_0, Q4_1
-    or Q8_0 then come back as `QuantTensor`s holding the file's own blocks.
+    Tensors are fp32, except with `native`: 2-D weights stored in a block type the
+    kernels read (GGML_TYPES: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) then
+    come back as `QuantTensor`s holding the file's own blocks, so memory stays about
+    the file's size. A file with a tensor in any other unsupported type is refused
+    before any tensor is read.
     """
     from gguf import GGUFReader
     from gguf.quants import dequantize
@@ -162,12 +189,17 @@ def read_gguf(path: Path, native: bool = False) -> tuple[ModelConfig, dict[str, 
     try:
         reader = GGUFReader(str(path))
     except Exception as e:  # the gguf package raises ValueError/struct errors on a bad file
+        if "GGMLQuantizationType" in str(e):  # a type id newer than the gguf package knows
+            raise ModelLoadError(
+                f"{source}: a tensor uses an unknown GGUF block type ({e}); {_supported_types_text()}"
+            ) from e
         raise ModelLoadError(f"{source}: not a readable GGUF file ({e})") from e
     meta = read_metadata(reader)
     names = {t.name for t in reader.tensors}
     cfg = config_from_metadata(meta, names, source)
     check_gguf_tokenizer(meta, source)  # before any tensor is dequantized
     permute = meta.get("general.architecture") in ("llama", "mistral")
+    check_block_types(reader, source, meta.get("general.architecture"))
 
     tensors: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
@@ -175,11 +207,6 @@ def read_gguf(path: Path, native: bool = False) -> tuple[ModelConfig, dict[str, 
         if hf is None:
             continue
         qtype = t.tensor_type.name
-        if qtype not in SUPPORTED_QUANTS:
-            raise ModelLoadError(
-                f"{source}: tensor {t.name} uses quantization {qtype}, which fastmode does not read; "
-                f"supported: {', '.join(sorted(SUPPORTED_QUANTS))}"
-            )
         shape = tuple(reversed([int(d) for d in t.shape]))
         if native and qtype in GGML_TYPES and len(shape) == 2:
             blocks = np.asarray(t.data).reshape(shape[0], -1)  # one row of blocks per output feature

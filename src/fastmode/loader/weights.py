@@ -4,7 +4,9 @@ Both loaders produce tensors under Hugging Face names (the GGUF loader renames
 and un-permutes); this module fuses q/k/v and gate/up and checks that every
 parameter the model needs is present, naming what is missing. Weights that
 arrive as `QuantTensor`s (a GGUF file read natively) become `QuantLinear` /
-`QuantEmbedding` layers running on the file's own blocks.
+`QuantEmbedding` layers running on the file's own blocks; fused q/k/v or gate/up
+whose parts are stored in different formats become a `StackedLinear` of the parts,
+so no part is expanded to fp32.
 """
 
 from __future__ import annotations
@@ -14,22 +16,33 @@ import torch
 from fastmode.config import ModelConfig
 from fastmode.loader.errors import ModelLoadError
 from fastmode.models.llama import LlamaModel
-from fastmode.models.quant_linear import QuantEmbedding, QuantLinear, QuantTensor
+from fastmode.models.quant_linear import QuantEmbedding, QuantLinear, QuantTensor, StackedLinear
 
 Weight = torch.Tensor | QuantTensor
 
 
-def _shape(t: Weight) -> tuple[int, ...]:
+class Stacked(list):
+    """Parts of a fused weight kept apart (their formats differ), stacked along the output dimension."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self), self[0].shape[1])
+
+
+def _shape(t: Weight | Stacked) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
-def _fuse(parts: list[Weight]) -> Weight:
-    """Concatenate along the output dimension, in blocks when every part shares one block format."""
+def _fuse(parts: list[Weight]) -> Weight | Stacked:
+    """Concatenate along the output dimension: in blocks when every part shares one block format;
+    kept as parts when some are blocks in different formats; plain tensors when none is in blocks."""
     if all(isinstance(p, QuantTensor) for p in parts):
         fused = QuantTensor.cat_rows(parts)  # type: ignore[arg-type]
         if fused is not None:
             return fused
-    return torch.cat([p.dequantize() if isinstance(p, QuantTensor) else p for p in parts], dim=0)
+    if any(isinstance(p, QuantTensor) for p in parts):
+        return Stacked(parts)
+    return torch.cat(parts, dim=0)
 
 
 def _take(tensors: dict[str, Weight], name: str, source: str) -> Weight:
@@ -80,18 +93,22 @@ def build_model(
     for name, t in state.items():
         if _shape(t) != expected[name]:
             raise ModelLoadError(f"{source}: {name} has shape {_shape(t)}, config implies {expected[name]}")
-    quant = {k: v for k, v in state.items() if isinstance(v, QuantTensor)}
+    quant = {k: v for k, v in state.items() if isinstance(v, (QuantTensor, Stacked))}
     # Gemma's norms multiply in fp32 (see GemmaRMSNorm), so their weights stay fp32 in any dtype.
     keep_fp32 = {k for k in state if cfg.sandwich_norms and k.endswith("norm.weight")}
     plain = {
-        k: v.float() if k in keep_fp32 else v.to(dtype) for k, v in state.items() if not isinstance(v, QuantTensor)
+        k: v.float() if k in keep_fp32 else v.to(dtype)
+        for k, v in state.items()
+        if not isinstance(v, (QuantTensor, Stacked))
     }
     model.load_state_dict(plain, strict=False, assign=True)
     for name, qt in quant.items():
         path = name.removesuffix(".weight")
         parent_path, _, attr = path.rpartition(".")
         parent = model.get_submodule(parent_path) if parent_path else model
-        if path == "embed_tokens":
+        if isinstance(qt, Stacked):
+            setattr(parent, attr, StackedLinear(list(qt), bias=getattr(parent, attr).bias))
+        elif path == "embed_tokens":
             setattr(parent, attr, QuantEmbedding(qt))
         else:
             setattr(parent, attr, QuantLinear(qt, bias=getattr(parent, attr).bias))

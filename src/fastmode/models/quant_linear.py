@@ -1,8 +1,10 @@
 """Linear and embedding layers that run on a GGUF checkpoint's own quantized blocks.
 
-The weight stays in the file's block format (Q4_0, Q4_1 or Q8_0: 32 weights
-per block with an fp16 scale, and a minimum for Q4_1), one row of blocks per
-output feature. `fastmode.kernels` multiplies activations against those
+The weight stays in the file's block format, one row of blocks per output feature:
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (32 weights per block with an fp16 scale, and a
+minimum for Q4_1/Q5_1) or the K-quants Q4_K, Q5_K, Q6_K (256 weights per block in
+eight groups of 32, each with its own 6- or 8-bit scale; the types inside Q4_K_M,
+Q5_K_M and Q6_K files). `fastmode.kernels` multiplies activations against those
 blocks directly, so a decode step streams ~4.5-8.5 bits per weight instead of
 the 32 of a dequantized fp32 copy. See docs/kernels.md for the numerics.
 """
@@ -15,13 +17,24 @@ import numpy as np
 import torch
 from torch import nn
 
-GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # ggml's type ids for the block formats the kernels read
-BLOCK_BYTES = {2: 18, 3: 20, 8: 34}  # bytes per 32-weight block
+# ggml's type ids for the block formats the kernels read
+GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+# (weights, bytes) of one stored block, per type id: ggml's own sizes (gguf.GGML_QUANT_SIZES)
+BLOCKS = {
+    2: (32, 18),
+    3: (32, 20),
+    6: (32, 22),
+    7: (32, 24),
+    8: (32, 34),
+    12: (256, 144),
+    13: (256, 176),
+    14: (256, 210),
+}
 
 
 @dataclass
 class QuantTensor:
-    """A 2-D weight kept in ggml blocks: `data` is (out_features, in_features/32 * block bytes) uint8."""
+    """A 2-D weight kept in ggml blocks: `data` is (out_features, in_features / block weights * block bytes) uint8."""
 
     data: torch.Tensor
     qtype: int  # a value of GGML_TYPES
@@ -29,9 +42,10 @@ class QuantTensor:
 
     def __post_init__(self) -> None:
         n, k = self.shape
-        if self.qtype not in BLOCK_BYTES:
+        if self.qtype not in BLOCKS:
             raise ValueError(f"unsupported ggml type id {self.qtype}")
-        if k % 32 or tuple(self.data.shape) != (n, k // 32 * BLOCK_BYTES[self.qtype]) or self.data.dtype != torch.uint8:
+        per, size = BLOCKS[self.qtype]
+        if k % per or tuple(self.data.shape) != (n, k // per * size) or self.data.dtype != torch.uint8:
             raise ValueError(
                 f"block data {tuple(self.data.shape)} {self.data.dtype} does not hold a {self.shape} weight"
             )
@@ -46,7 +60,8 @@ class QuantTensor:
 
     @staticmethod
     def quantize(w: torch.Tensor, qtype: int) -> QuantTensor:
-        """Encode an fp32 (out_features, in_features) weight as ggml blocks with gguf's reference quantizer."""
+        """Encode an fp32 (out_features, in_features) weight as ggml blocks with gguf's reference quantizer
+        (the types it can quantize: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; not the K-quants)."""
         from gguf import GGMLQuantizationType
         from gguf.quants import quantize
 
@@ -101,6 +116,32 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         name = {v: k for k, v in GGML_TYPES.items()}[self.qtype]
         return f"in_features={self.in_features}, out_features={self.out_features}, format={name}, int8_activations={self.int8_activations}"
+
+
+class StackedLinear(nn.Module):
+    """y = x W^T (+ b) where W's output rows come in parts stored in different formats: a Q4_K_M
+    file keeps some layers' attn_v in Q6_K beside Q4_K q and k, so fused q/k/v cannot be one block
+    matrix. Each part runs on its own blocks (a `QuantLinear`) or, for a format the kernels do not
+    read, as an fp32 nn.Linear; the outputs are concatenated in order."""
+
+    def __init__(self, parts: list[QuantTensor | torch.Tensor], bias: torch.Tensor | None = None):
+        super().__init__()
+        mods: list[nn.Module] = []
+        for p in parts:
+            if isinstance(p, QuantTensor):
+                mods.append(QuantLinear(p))
+            else:
+                lin = nn.Linear(p.shape[1], p.shape[0], bias=False)
+                lin.weight = nn.Parameter(p.float(), requires_grad=False)
+                mods.append(lin)
+        self.parts = nn.ModuleList(mods)
+        self.in_features = mods[0].in_features
+        self.out_features = sum(m.out_features for m in mods)
+        self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.cat([m(x) for m in self.parts], dim=-1)
+        return y if self.bias is None else y + self.bias
 
 
 class QuantEmbedding(nn.Module):
