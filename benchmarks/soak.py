@@ -46,9 +46,9 @@ CLEAN_ERRORS = {400, 404, 413, 429, 503, 529}
 
 
 class Soak:
-    def __init__(self, url: str, model: str, max_tokens: int, header_timeout_s: float):
+    def __init__(self, url: str, model: str, max_tokens: int, header_timeout_s: float, client_timeout_s: float):
         self.url, self.model, self.max_tokens = url, model, max_tokens
-        self.header_timeout_s = header_timeout_s
+        self.header_timeout_s, self.client_timeout_s = header_timeout_s, client_timeout_s
         self.outcomes: Counter = Counter()  # (scenario, outcome)
         self.latency: dict[int, list[float]] = defaultdict(list)  # minute -> seconds
         self.t0 = time.monotonic()
@@ -166,7 +166,7 @@ class Soak:
 
     async def websocket(self) -> str:
         ws_url = self.url.replace("http://", "ws://") + "/v1/responses"
-        async with websockets.connect(ws_url, open_timeout=30) as ws:
+        async with websockets.connect(ws_url, open_timeout=self.client_timeout_s) as ws:
             previous = None
             for _ in range(2):
                 event = {
@@ -179,7 +179,7 @@ class Soak:
                 }
                 await ws.send(json.dumps(event))
                 while True:
-                    e = json.loads(await asyncio.wait_for(ws.recv(), 120))
+                    e = json.loads(await asyncio.wait_for(ws.recv(), self.client_timeout_s))
                     if e["type"] == "error":
                         return str(e["status"]) if e["status"] in CLEAN_ERRORS else f"lost {e['status']}"
                     if e["type"] in ("response.completed", "response.incomplete"):
@@ -213,13 +213,13 @@ async def sample(url: str, pid: int, t0: float) -> dict:
 
 
 async def run(args: argparse.Namespace, server: Server) -> dict:
-    soak = Soak(server.base_url, args.model_name, args.max_tokens, args.header_timeout_s)
+    soak = Soak(server.base_url, args.model_name, args.max_tokens, args.header_timeout_s, args.client_timeout_s)
     pid = server.proc.pid
     samples = [await sample(server.base_url, pid, soak.t0)]
     stop_at = soak.t0 + args.duration_s
 
     async def worker() -> None:
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with httpx.AsyncClient(timeout=args.client_timeout_s) as client:
             while time.monotonic() < stop_at:
                 await soak.one(client)
 
@@ -262,6 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="a model path (default: the embedded model)")
     p.add_argument("--port", type=int, default=8471)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--client-timeout-s",
+        type=float,
+        default=120.0,
+        help="how long a client waits for a response (or the next event) before counting the request lost",
+    )
     p.add_argument("--header-timeout-s", type=float, default=3.0, help="the server's --http-header-timeout-s")
     p.add_argument("--rss-growth", type=float, default=0.10, help="allowed RSS growth after warm-up (fraction)")
     p.add_argument("--out", default="runs/soak.json")
