@@ -174,7 +174,22 @@ def main() -> None:
         # Every prompt once, so both sides find it in the prefix cache: whichever side went
         # first would otherwise pay its prefill alone.
         run_turn(base_url, model, prompts, 4, "plain", 1)
-        rows = []
+        rows: list[dict] = []
+
+        def save(done: bool) -> Path:  # after every row, so an interrupted run leaves what it measured
+            return write_json(
+                args.out,
+                {
+                    "machine": mach,
+                    "model": model,
+                    "args": vars(args),
+                    "prompts": [q["id"] for q in prompts],
+                    "complete": done,
+                    "load_average_end": load_avg(),
+                    "rows": rows,
+                },
+            )
+
         print(
             f"{'split':>7} {'workload':>9} {'batch':>5} {'tokens':>6} {'spec tok/s':>10} {'plain tok/s':>11} "
             f"{'ratio':>6} {'rounds (ratio)':>22} {'same':>5} {'load avg':>16}"
@@ -186,22 +201,12 @@ def main() -> None:
                     if not group:
                         continue
                     rows.append(measure(base_url, model, group, b, split, w, args))
+                    save(False)
             for split in ("tune", "heldout", "all"):
                 sel = [r for r in rows if r["batch"] == b and r["workload"] != "all"]
                 rows.append(total_row([r for r in sel if split in ("all", r["split"])], b, split))
         print_summary(rows, batches)
-        out = write_json(
-            args.out,
-            {
-                "machine": mach,
-                "model": model,
-                "args": vars(args),
-                "prompts": [q["id"] for q in prompts],
-                "load_average_end": load_avg(),
-                "rows": rows,
-            },
-        )
-        print(f"wrote {out}")
+        print(f"wrote {save(True)}")
     finally:
         if server is not None:
             server.stop()
