@@ -181,7 +181,8 @@ def modes_from_agent_eval(document: dict[str, Any]) -> tuple[list[Mode], list[st
         figures = route["chain_inputs"]
         name = route["route"]
         if figures["p_step"] <= 0 or figures["tok_s"] <= 0:
-            notes.append(f"{name}: p = {figures['p_step']:.3f}, tok/s = {figures['tok_s']:.1f}; not priced")
+            why = "no right step was measured (p = 0)" if figures["p_step"] <= 0 else "no output rate was measured"
+            notes.append(f"{name}: {why}")
             continue
         p = route["p_step"]
         modes.append(
