@@ -203,8 +203,9 @@ def main() -> None:
                     rows.append(measure(base_url, model, group, b, split, w, args))
                     save(False)
             for split in ("tune", "heldout", "all"):
-                sel = [r for r in rows if r["batch"] == b and r["workload"] != "all"]
-                rows.append(total_row([r for r in sel if split in ("all", r["split"])], b, split))
+                sel = [r for r in rows if r["batch"] == b and r["workload"] != "all" and split in ("all", r["split"])]
+                if sel:
+                    rows.append(total_row(sel, b, split))
         print_summary(rows, batches)
         print(f"wrote {save(True)}")
     finally:
@@ -287,9 +288,9 @@ def print_summary(rows: list[dict], batches: list[int]) -> None:
     for split in ("tune", "heldout", "all"):
         cells = []
         for b in batches:
-            sel = [r for r in rows if r["batch"] == b and r["split"] == split and r["workload"] != "all"]
-            tot = next(r for r in rows if r["batch"] == b and r["split"] == split and r["workload"] == "all")
+            sel = [r for r in rows if r["batch"] == b and split in ("all", r["split"]) and r["workload"] != "all"]
             worst = min(sel, key=lambda r: r["speedup"]) if sel else None
+            tot = next((r for r in rows if r["batch"] == b and r["split"] == split and r["workload"] == "all"), None)
             code = [r["speedup"] for r in sel if r["workload"] in ("code-edit", "rename")]
             cells.append(
                 f"batch {b}: all {tot['speedup']:.2f}x, lowest {worst['workload']} {worst['speedup']:.2f}x"

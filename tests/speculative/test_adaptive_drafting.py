@@ -106,6 +106,26 @@ def test_plan_prices_draft_rows_with_the_step_curve_and_the_whole_batch():
     assert LookupPolicy(LookupConfig(), flat.seconds).plan([("a", copying, 2)], batch=1) == [block[30:32]]
 
 
+def test_measured_outcome_raises_the_bar_where_drafted_steps_are_slower():
+    """Whatever the estimates said, steps with drafts that produce fewer tokens per second than
+    plain steps at the same batch size raise the gain drafts must promise there."""
+    block = list(range(100, 160))
+    reqs = [("a", block + [1] + block[:30], 100)]
+    pol = LookupPolicy(LookupConfig(), curve({1: 0.010, 2: 0.014, 8: 0.030}).seconds)
+    assert pol.plan(reqs, batch=1)[0]
+    for _ in range(60):
+        pol.observe_step(1, False, 1, 0.010)  # plain: 100 tokens/s
+        pol.observe_step(1, True, 2, 0.030)  # drafted: 67 tokens/s
+    assert pol.margin[1] == pytest.approx(2.0)
+    assert pol.plan(reqs, batch=1) == [[]]  # the bar is now out of reach for this lookup
+    assert 4 not in pol.margin  # other batch sizes are judged on their own
+    for _ in range(60):
+        pol.observe_step(1, False, 1, 0.010)
+        pol.observe_step(1, True, 6, 0.013)  # drafted: 460 tokens/s
+    assert pol.margin[1] == pytest.approx(1.0)
+    assert pol.plan(reqs, batch=1)[0]
+
+
 def test_policy_prices_from_measured_steps_once_two_row_counts_are_known():
     pol = SpecPolicy(SpecConfig(verify_cost=0.15))
     assert pol.step_seconds(8) / pol.step_seconds(1) == pytest.approx(1 + 7 * 0.15)  # the prior, unmeasured

@@ -23,6 +23,12 @@ request a ledger of what its drafts actually paid (`LookupState`).
   for a lookup whose match is at least `probe_match` tokens long (the text has started
   to repeat); a probe that pays switches drafting back on, one that does not doubles the
   match length the next probe needs.
+- **Checking the outcome**: per batch size, the engine's tokens per second in steps that
+  carried drafts and in steps that did not (moving averages of what the steps produced and
+  took). Where drafted steps have been the slower of the two, the gain a step's drafts must
+  promise at that batch size rises 5% at a time (up to 2x), and eases back while they are
+  the faster. The plan then keeps only drafts it is surer of: whatever misjudges the
+  acceptance or the step curve, the measured outcome corrects it.
 - **Exploring**: a match-length class whose estimate has dropped below paying is
   never drafted, so never measured again. Every `explore_every`-th step in which some
   request had a lookup but nothing was drafted, the best of them drafts one token.
@@ -110,6 +116,8 @@ class LookupConfig:
     probe_match: int = 6  # while off, draft again only for a match at least this long ...
     max_probe_match: int = 48  # ... doubling after each probe that does not pay, up to this
     explore_every: int = 64
+    outcome_ema: float = 0.1  # weight of the newest step in the tokens-per-second averages
+    outcome_min_steps: int = 8  # steps of each kind at a batch size before the averages are compared
 
 
 class LookupPolicy:
@@ -121,6 +129,11 @@ class LookupPolicy:
         self.acceptance = AcceptanceByMatch()
         self.states: dict[str, LookupState] = {}
         self._unexplored = 0  # steps since the last draft with a lookup available
+        # Per batch size: tokens per second of steps with drafts (True) and without (False), and
+        # their counts; and the factor on min_gain those outcomes set (see the module docstring).
+        self._rate: dict[tuple[int, bool], float] = {}
+        self._count: dict[tuple[int, bool], int] = {}
+        self.margin: dict[int, float] = {}
 
     def state(self, request_id: str) -> LookupState:
         st = self.states.get(request_id)
@@ -151,7 +164,7 @@ class LookupPolicy:
             items.sort(key=lambda it: -it[0])
             base = max(batch, 1)
             t_base = self.step_s(base)
-            best_n, best_rate = 0, cfg.min_gain * base / t_base
+            best_n, best_rate = 0, cfg.min_gain * self.margin.get(base, 1.0) * base / t_base
             tokens = float(base)
             for n, (p, _) in enumerate(items, 1):
                 tokens += p
@@ -172,6 +185,23 @@ class LookupPolicy:
                     if k:
                         self.state(requests[i][0]).pending = (lookups[i].match_len, per_row)  # type: ignore[union-attr]
         return [lk.tokens[:k] if lk is not None and k else [] for lk, k in zip(lookups, ks)]
+
+    def observe_step(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A decode/verify step of `batch` sequences produced `tokens` tokens in `seconds`."""
+        if batch < 1 or tokens < 1 or seconds <= 0:
+            return
+        cfg, key = self.config, (batch, drafted)
+        old = self._rate.get(key)
+        x = tokens / seconds
+        self._rate[key] = x if old is None else (1 - cfg.outcome_ema) * old + cfg.outcome_ema * x
+        self._count[key] = self._count.get(key, 0) + 1
+        if not drafted or min(self._count.get((batch, d), 0) for d in (True, False)) < cfg.outcome_min_steps:
+            return
+        margin = self.margin.get(batch, 1.0)
+        if self._rate[(batch, True)] < self._rate[(batch, False)]:
+            self.margin[batch] = min(margin * 1.05, 2.0)
+        else:
+            self.margin[batch] = max(margin / 1.05, 1.0)
 
     def observe(self, request_id: str, drafted: int, accepted: int) -> None:
         """Verification kept `accepted` of the `drafted` tokens planned for this request."""

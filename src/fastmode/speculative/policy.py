@@ -237,6 +237,9 @@ class SpecPolicy:
             self.observe_catch_up(*drafting.catch_up, plain_s)
         if all(s.num_tokens - s.num_draft_tokens == 1 for s in out.scheduled):
             self.observe_step(sum(s.num_tokens for s in out.scheduled), step_s)
+            emitted = sum(1 + s.num_accepted_drafts for s in out.scheduled)
+            drafted = any(s.num_draft_tokens for s in out.scheduled)
+            self.lookup.observe_step(len(out.scheduled), drafted, emitted, step_s)
         for s in out.scheduled:
             if s.num_draft_tokens:
                 self.observe(s.seq, s.num_draft_tokens, s.num_accepted_drafts)
