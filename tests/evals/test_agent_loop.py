@@ -134,7 +134,7 @@ def test_eval_agent_command_writes_json_plot_and_feeds_chain(live, tmp_path, cap
         assert r["num_tasks"] == 2 and [t["task_id"] for t in r["tasks"]] == ["agent-001", "agent-005"]
         assert r["p_step"]["total"] >= 2  # at least the first step of each task is scored
         assert set(r["by_n"]) == {"1", "2"}
-    assert doc["run"]["background_load"]["completed"] >= 1
+    assert doc["run"]["complete"] is True and doc["run"]["background_load"]["completed"] >= 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     assert main(["chain", "--from-agent-eval", str(out), "--json", "--steps", "4"]) == 0

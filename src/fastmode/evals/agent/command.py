@@ -92,6 +92,30 @@ def run_agent(args: argparse.Namespace) -> int:
             run_task(client, route.request(models, 0), tasks[0], route_name="warm-up", extra_turns=0)
         records: dict[str, list] = {r.name: [] for r in routes}
         load = BackgroundLoad(url, models["main"], args.load)
+
+        def write_record(complete: bool) -> None:
+            """The JSON record of the tasks run so far: rewritten after every task, so an
+            interrupted run keeps what it measured (`run.complete` says whether it finished)."""
+            run_info: dict[str, Any] = {
+                "command": "fastmode " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                "complete": complete,
+                "models": models,
+                "routes": {r.name: {**vars(r), "retries": args.retries if r.verifier else 0} for r in routes},
+                "tasks": [t.id for t in tasks],
+                "seed": args.seed,
+                "extra_turns": args.extra_turns,
+                "server": args.url or "started by the eval",
+                "serve_args": args.serve_args,
+                "background_load": load.to_dict() if args.load and "main" in models else None,
+                "started_unix": started,
+                "wall_s": time.time() - started,
+                "load_average_start": start_load,
+                "load_average_end": _uptime_load(),
+                "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+            }
+            done = [summarize(r.name, records[r.name], r.description) for r in routes]
+            write_json(args.json, to_json(done, run_info))
+
         with load if args.load and "main" in models else contextlib.nullcontext():
             for i, task in enumerate(tasks):
                 order = routes if i % 2 == 0 else routes[::-1]
@@ -109,27 +133,13 @@ def run_agent(args: argparse.Namespace) -> int:
                     right = sum(bool(s.right) for s in rec.steps)
                     cells.append(f"{route.name} {'ok' if rec.solved else 'no'} {right}/{task.steps} {rec.wall_s:.1f}s")
                 print(f"[agent] {i + 1}/{len(tasks)} {task.id} n={task.steps}: " + "; ".join(cells), file=sys.stderr)
+                if args.json is not None:
+                    write_record(complete=False)
     summaries = [summarize(r.name, records[r.name], r.description) for r in routes]
     print(format_table(summaries))
     print(f"load average: {start_load} at the start, {_uptime_load()} at the end")
     if args.json is not None:
-        run_info: dict[str, Any] = {
-            "command": "fastmode " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-            "models": models,
-            "routes": {r.name: {**vars(r), "retries": args.retries if r.verifier else 0} for r in routes},
-            "tasks": [t.id for t in tasks],
-            "seed": args.seed,
-            "extra_turns": args.extra_turns,
-            "server": args.url or "started by the eval",
-            "serve_args": args.serve_args,
-            "background_load": load.to_dict() if args.load and "main" in models else None,
-            "started_unix": started,
-            "wall_s": time.time() - started,
-            "load_average_start": start_load,
-            "load_average_end": _uptime_load(),
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        }
-        write_json(args.json, to_json(summaries, run_info))
+        write_record(complete=True)
         print(f"[agent] wrote {args.json}", file=sys.stderr)
     if args.plot is not None:
         print(f"[agent] wrote {plot(summaries, args.plot)}", file=sys.stderr)
