@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -272,14 +273,36 @@ class LLMEngine:
 
     def _measure_steps(self) -> None:
         """Seed the speculation policy's step curve with this machine's step times."""
-        from fastmode.speculative.step_timing import measure_step_curve, row_counts
+        from fastmode.env import cache_dir
+        from fastmode.kernels import cpu_flags, select_isa
+        from fastmode.speculative.step_timing import cached_step_curve, measure_step_curve, row_counts
 
         cfg = self.config.speculation
         rows = row_counts(min(cfg.max_batch, self.scheduler_config.max_num_seqs), cfg.max_draft_tokens)
+        loaded = self.loaded
+        try:
+            stat = loaded.path.stat()
+            file_id = [str(loaded.path.resolve()), stat.st_size, stat.st_mtime_ns]
+        except OSError:
+            file_id = [str(loaded.path)]
+        parts = {
+            "model": file_id,
+            "shape": [loaded.config.num_layers, loaded.config.hidden_size, loaded.config.vocab_size],
+            "weights": loaded.weight_format,
+            "dtype": str(loaded.dtype),
+            "kv_dtype": str(self.kv_dtype),
+            "block_size": self.scheduler_config.block_size,
+            "threads": torch.get_num_threads(),
+            "isa": select_isa() if getattr(loaded.model, "kernels", None) is not None else "torch",
+            "cpu": [os.cpu_count(), sorted(cpu_flags())],
+        }
         t0 = time.perf_counter()
-        measured = measure_step_curve(self.runner, self.scheduler.block_manager, rows)
+        measured, cached = cached_step_curve(
+            cache_dir(), parts, rows, lambda r: measure_step_curve(self.runner, self.scheduler.block_manager, r)
+        )
         self.spec.seed_steps(measured)
-        log.info("step times at %s rows measured in %.2f s", ",".join(map(str, measured)), time.perf_counter() - t0)
+        how = "read from the cache" if cached else f"measured in {time.perf_counter() - t0:.2f} s"
+        log.info("step times at %s rows %s", ",".join(map(str, measured)), how)
 
     def _propose_drafts(self) -> DraftReport:
         """Give decoding sequences draft tokens where the policy says speculation pays; report

@@ -1,6 +1,12 @@
 """Time the engine's decode/verify steps at start-up, so the speculation policy prices
 verification from this machine from the first request on.
 
+Measuring takes seconds (tens on a loaded machine), so a measured curve is kept in the
+fastmode cache directory, keyed by what sets a step's time: the model file and its shape,
+the weight and KV formats, the thread count, the kernel path and the CPU. An engine started
+again on the same machine reads it (`cached_step_curve`) and the policy's running average of
+real steps keeps it current from there; a curve older than `MAX_AGE_S` is measured again.
+
 A verify step of r rows (one sequence's token plus its drafts, or several sequences'
 at once) runs through the model runner exactly as serving runs it: sequences with a
 cached context, each carrying up to `ROWS_PER_SEQ` rows. Their KV blocks come from the
@@ -10,13 +16,19 @@ any request reads it (nothing of it is registered in the prefix cache).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import statistics
 import time
+from pathlib import Path
 
 from fastmode.engine.block_manager import BlockManager
 from fastmode.engine.scheduler import ScheduledSeq, SchedulerOutput
 from fastmode.engine.sequence import Sequence
 from fastmode.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
 
 CONTEXT_TOKENS = 96  # cached context per sequence: a short prompt's worth
 ROWS_PER_SEQ = 7  # one token and 6 drafts: the default draft length
@@ -75,3 +87,41 @@ def _step(seqs: list[Sequence], rows: int) -> SchedulerOutput:
         rows -= n
         scheduled.append(ScheduledSeq(seq, n, n - 1))
     return SchedulerOutput(step=0, scheduled=scheduled)
+
+
+MAX_AGE_S = 7 * 24 * 3600.0
+
+
+def curve_key(parts: dict) -> str:
+    """A file name for the curve of an engine described by `parts` (JSON-serialisable)."""
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def cached_step_curve(
+    cache: Path | None, parts: dict, rows: list[int], measure, now_s: float | None = None
+) -> tuple[dict[int, float], bool]:
+    """The step curve for `rows`: from `cache` (a directory; None: no cache) when a fresh one
+    for `parts` holds every row count, else `measure(rows)` (then saved there). Returns the
+    curve and whether it came from the cache. A cache that cannot be read or written is
+    measured around, never an error."""
+    now_s = time.time() if now_s is None else now_s
+    path = None if cache is None else cache / "step_curves" / f"{curve_key({**parts, 'rows': rows})}.json"
+    if path is not None:
+        try:
+            saved = json.loads(path.read_text())
+            curve = {int(r): float(t) for r, t in saved["seconds_by_rows"].items()}
+            if now_s - float(saved["measured_at"]) <= MAX_AGE_S and set(rows) <= set(curve):
+                return {r: curve[r] for r in rows}, True
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    curve = measure(rows)
+    if path is not None and curve:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"parts": parts, "measured_at": now_s, "seconds_by_rows": curve}, default=str))
+            tmp.replace(path)
+        except OSError as e:
+            log.warning("could not save the step curve to %s: %s", path, e)
+    return curve, False
