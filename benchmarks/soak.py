@@ -159,7 +159,7 @@ class Soak:
                 writer.write(b"x-pad-%d: y\r\n" % i)
                 i += 1
             return "lost (slow-loris connection held open)"
-        except ConnectionResetError:
+        except (ConnectionResetError, BrokenPipeError):
             return "ok"  # closed by the server while we wrote
         finally:
             writer.close()
