@@ -153,7 +153,8 @@ def test_each_feature_is_exact_under_batching(llm):
     assert ban not in batched[1][0]
 
 
-def test_penalties_and_logprobs_are_unchanged_by_speculation(llm):
+def test_penalties_and_logprobs_are_unchanged_by_speculation(llm, drafting_always):
+    drafting_always(llm)
     prompt = chat(llm, "Repeat after me: one two three one two three one two three one two three")
     off = SamplingParams(
         temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=0.3, logprobs=2, speculative="off"

@@ -124,7 +124,8 @@ def test_checking_the_argmax_gives_the_same_tokens_as_the_full_mask(llm, monkeyp
     assert full.token_ids == checked[1].token_ids
 
 
-def test_speculation_on_and_off_give_identical_constrained_output(llm):
+def test_speculation_on_and_off_give_identical_constrained_output(llm, drafting_always):
+    drafting_always(llm)
     # A repetitive prompt and an array of repeated strings: n-gram drafts get proposed, and
     # many are accepted; drafts the grammar forbids must be rejected.
     schema = {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 8, "maxItems": 8}
