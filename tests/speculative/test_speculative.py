@@ -194,7 +194,8 @@ def test_greedy_output_is_identical_with_ngram_speculation(llm):
     assert bm.num_free_blocks == bm.num_blocks  # rollback released every draft slot
 
 
-def test_fast_tier_speculates_by_default_and_stays_identical(llm):
+def test_fast_tier_speculates_by_default_and_stays_identical(llm, drafting_always):
+    drafting_always(llm)  # the tier's default drafts; whether drafts pay here is not what is tested
     prompts = repetitive_prompts()
     before = llm.engine.spec.stats.draft_tokens.get("fast", 0)
     ref = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), service_tier="standard")
