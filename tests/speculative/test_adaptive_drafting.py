@@ -251,7 +251,8 @@ def test_fast_tier_default_is_token_exact_and_drafts_where_the_answer_repeats(fa
     assert fast_llm.engine.spec.lookup.states == {}  # finished requests leave no state
 
 
-def test_default_model_is_token_exact_on_a_code_edit(default_llm):
+def test_default_model_is_token_exact_on_a_code_edit(default_llm, drafting_always):
+    drafting_always(default_llm)
     code = "def area(w, h):\n    result = w * h\n    return result\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
     prompt = default_llm.tokenizer.encode_chat(
         [{"role": "user", "content": "Rename `w` to `width` and return both functions:\n\n```python\n" + code + "```"}]

@@ -183,7 +183,8 @@ def repetitive_prompts():
     return [base + base[:20], [5, 6, 7, 8] * 10, list(range(100, 140))]
 
 
-def test_greedy_output_is_identical_with_ngram_speculation(llm):
+def test_greedy_output_is_identical_with_ngram_speculation(llm, drafting_always):
+    drafting_always(llm)
     prompts = repetitive_prompts()
     off = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, speculative="off"))
     on = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, speculative="ngram"))
