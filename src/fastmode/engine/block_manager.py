@@ -64,6 +64,10 @@ class BlockManager:
     def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
         return max(0, self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table))
 
+    def fits_alone(self, num_tokens: int) -> bool:
+        """Whether a sequence of `num_tokens` tokens fits in the cache when it is the only one."""
+        return self.blocks_for(num_tokens) <= self.num_blocks
+
     # -- prefix cache ------------------------------------------------------
     def _prefix_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks holding a prefix of `seq`. The last token is never
@@ -163,6 +167,19 @@ class BlockManager:
         self._release_all(seq.block_table[::-1])
         seq.block_table = []
         seq.block_hashes = []
+
+    # -- single blocks (a second pool, engine/window_blocks.py, shares this bookkeeping) --
+    def _acquire(self, b: int) -> None:
+        """Take one more reference to the cached or in-use block `b`."""
+        if self.ref_count[b] == 0:
+            del self.evictable[b]
+        self.ref_count[b] += 1
+
+    def _register(self, b: int, block_hash: int) -> None:
+        """Make the full block `b` findable under `block_hash`, unless it or the hash is taken."""
+        if self.block_hash[b] is None and block_hash not in self.hash_to_block:
+            self.hash_to_block[block_hash] = b
+            self.block_hash[b] = block_hash
 
     def _release(self, b: int) -> None:
         self._release_all((b,))

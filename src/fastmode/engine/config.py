@@ -1,7 +1,7 @@
 """Engine configuration: one frozen dataclass per concern, composed by `EngineConfig`.
 
 - `LoadConfig`: which model (and draft model) to load, and how its weights are held;
-- `CacheConfig`: the KV cache's size and element type;
+- `CacheConfig`: the KV cache's size, element type, and the sliding-window layers' own pool;
 - `SchedulerSettings` (engine/scheduler.py): batching, the fast lane, prefix caching;
 - `SpecConfig` (speculative/policy.py): when and how far to speculate;
 - plus the few settings of the engine itself (context cap, threads, price).
@@ -19,6 +19,7 @@ import typing
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from fastmode.config import ModelConfig
 from fastmode.engine.scheduler import SchedulerConfig, SchedulerSettings
 from fastmode.speculative.policy import SpecConfig
 
@@ -38,7 +39,7 @@ class LoadConfig:
     )  # auto: bf16 on CUDA, fp32 on the CPU (see loader.load.resolve_dtype)
     weights: str = field(
         default="native", metadata={"choices": WEIGHT_FORMATS}
-    )  # native: a GGUF file's Q4_0/Q4_1/Q8_0 blocks run as stored (fp32 activations); native-int8: int8 activations; dequantize: expand to dtype
+    )  # native: a GGUF file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks run as stored (fp32 activations); native-int8: int8 activations; dequantize: expand to dtype
     pack_weights: bool = True  # CPU fp32: pre-pack linear weights for oneDNN (see models/cpu_packing.py)
     draft_model: str | None = (
         "auto"  # "auto" = the model's Spark if there is one; "spark", a path sharing the tokenizer, "layers:N" (the target's first N layers), None
@@ -59,6 +60,7 @@ class CacheConfig:
     kv_cache_dtype: str = field(
         default="auto", metadata={"choices": KV_CACHE_DTYPES}
     )  # auto: float16 when the model computes in float32 (half the bytes attention reads), else the model's dtype; float16 | float32 | bfloat16
+    local_kv_pool: bool = True  # sliding-window layers (Gemma 3) keep only their window's KV, in a pool of their own
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -69,6 +71,23 @@ class CacheConfig:
     def num_blocks(self, kv_bytes_per_token: int, block_size: int) -> int:
         """Blocks of `block_size` tokens that fit in `kv_cache_gib` (at least one)."""
         return max(1, int(self.kv_cache_gib * 2**30 // (kv_bytes_per_token * block_size)))
+
+    def split_blocks(
+        self, kv_bytes_per_token: int, num_layers: int, num_local_layers: int, block_size: int, local_blocks_wanted: int
+    ) -> tuple[int, int]:
+        """(global blocks, local blocks) when `num_local_layers` of `num_layers` layers keep their
+        KV in a pool of their own: the local pool gets `local_blocks_wanted` blocks, or as many as
+        one pool would have (no sequence holds more local blocks than global ones), and the global
+        layers get the rest of `kv_cache_gib`. With every layer local, the global pool has no
+        tensors: it only counts positions, sized by the same budget as one pool."""
+        one_pool = self.num_blocks(kv_bytes_per_token, block_size)
+        num_local = min(local_blocks_wanted, one_pool)
+        num_global_layers = num_layers - num_local_layers
+        if num_global_layers <= 0:
+            return one_pool, one_pool
+        layer_block = kv_bytes_per_token // num_layers * block_size  # one block of one layer
+        rest = int(self.kv_cache_gib * 2**30) - num_local * num_local_layers * layer_block
+        return max(one_pool, rest // (num_global_layers * layer_block)), num_local
 
 
 @dataclass(frozen=True)
@@ -131,13 +150,28 @@ class EngineConfig:
         if self.usd_per_machine_hour < 0:
             raise ValueError("usd_per_machine_hour must be >= 0")
 
-    def scheduler_config(self, kv_bytes_per_token: int, model_max_len: int) -> SchedulerConfig:
-        """The scheduler's configuration for a model with this KV size per token and context."""
+    def scheduler_config(
+        self, kv_bytes_per_token: int, model_max_len: int, model: ModelConfig | None = None
+    ) -> SchedulerConfig:
+        """The scheduler's configuration for a model with this KV size per token and context.
+        Given the `model`'s config, sliding-window layers get a pool of their own (see
+        `local_blocks_wanted`) unless `local_kv_pool` is off."""
         settings = self.scheduling
+        bs = settings.block_size
+        num_blocks = self.cache.num_blocks(kv_bytes_per_token, bs)
+        window, num_local = None, 0
+        if model is not None and model.sliding_layers and model.sliding_window and self.cache.local_kv_pool:
+            window = model.sliding_window
+            wanted = local_blocks_wanted(window, bs, settings.max_num_seqs, settings.max_num_batched_tokens)
+            num_blocks, num_local = self.cache.split_blocks(
+                kv_bytes_per_token, model.num_layers, len(model.sliding_layers), bs, wanted
+            )
         return SchedulerConfig(
             **{f.name: getattr(settings, f.name) for f in fields(SchedulerSettings)},
-            num_blocks=self.cache.num_blocks(kv_bytes_per_token, settings.block_size),
+            num_blocks=num_blocks,
             max_model_len=min(self.max_model_len or model_max_len, model_max_len),
+            sliding_window=window,
+            num_local_blocks=num_local,
         )
 
     @classmethod
@@ -159,6 +193,15 @@ class EngineConfig:
     def field_names(cls) -> list[str]:
         """The flat names (aliases aside)."""
         return [f.name for f in cls.flat_fields()]
+
+
+def local_blocks_wanted(window: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """Local blocks for `max_num_seqs` resident sequences at once. Between steps a sequence
+    holds the blocks of the window before its next token: at most ceil((window - 1) / block_size)
+    + 1. A step adds blocks for its tokens: at most max_num_batched_tokens / block_size in all,
+    plus one per sequence where a chunk straddles a block boundary."""
+    per_seq = -(-(window - 1) // block_size) + 2
+    return max_num_seqs * per_seq + -(-max_num_batched_tokens // block_size)
 
 
 def _flat_index() -> dict[str, FlatField]:

@@ -1,9 +1,11 @@
 """Executes a SchedulerOutput on the model: builds the flat batch, runs it, samples.
 
 The runner decides nothing: which sequences and how many tokens come from the
-scheduler. It owns the KV cache tensors (one K and one V tensor per layer) and
-the per-request sampling state: random generators, structured-output matchers
-and the logprobs not yet handed to the engine.
+scheduler. It owns the KV cache tensors (one K and one V tensor per layer:
+sliding-window layers' from the local pool when there is one, see
+engine/window_blocks.py) and the per-request sampling state: random
+generators, structured-output matchers and the logprobs not yet handed to the
+engine.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fastmode.engine.sampler import (
     token_logprob,
 )
 from fastmode.engine.scheduler import ScheduledSeq, SchedulerOutput
+from fastmode.engine.sequence import Sequence
 from fastmode.engine.structured import apply_bounds, fill_masks, mask_bounds
 from fastmode.models.attention_batch import AttentionBatch, PrefillSpan, decode_mask
 from fastmode.models.cpu_packing import can_pack, pack_linears
@@ -48,18 +51,29 @@ MAX_SPAN_AS_ROWS = 16
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaModel, num_blocks: int, block_size: int, kv_dtype: torch.dtype, pack_weights: bool = True
+        self,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size: int,
+        kv_dtype: torch.dtype,
+        pack_weights: bool = True,
+        num_local_blocks: int = 0,
     ):
+        """`num_local_blocks` > 0: the model's sliding-window layers keep their KV in a pool of that
+        many blocks, addressed by each sequence's `local_block_table` (the scheduler's block manager
+        must then be a WindowedBlockManager); 0: every layer in the one pool."""
         cfg = model.cfg
         if pack_weights and can_pack(model) and not getattr(model, "packed", False):
             pack_linears(model)
             model.packed = True
         self.model = model
         self.block_size = block_size
-        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype)) for _ in range(cfg.num_layers)
-        ]
+        local_layers = set(cfg.sliding_layers) if num_local_blocks > 0 and cfg.sliding_window else set()
+        self.window = cfg.sliding_window if local_layers else None  # set: the local pool is in use
+        self.kv_caches = []
+        for i in range(cfg.num_layers):
+            shape = (num_local_blocks if i in local_layers else num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+            self.kv_caches.append((torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype)))
         self.generators: dict[str, torch.Generator] = {}
         self.grammars: dict[str, _GrammarState] = {}
         self.logprobs: dict[str, list[TokenLogprob]] = {}  # per sampled token, until taken
@@ -82,9 +96,24 @@ class ModelRunner:
         the arithmetic plain decoding would give it (greedy verification is then exact)."""
         return s.seq.num_computed_tokens > 0 and s.num_tokens <= MAX_SPAN_AS_ROWS
 
-    def _slots(self, block_table: list[int], start: int, n: int) -> list[int]:
+    def _slots(self, block_table: list[int], start: int, n: int, first_block: int = 0) -> list[int]:
+        """Cache slots of positions [start, start + n); `block_table` holds logical blocks from `first_block`."""
         bs = self.block_size
-        return [block_table[p // bs] * bs + p % bs for p in range(start, start + n)]
+        return [block_table[p // bs - first_block] * bs + p % bs for p in range(start, start + n)]
+
+    def _local_decode_rows(self, rows: list[tuple[Sequence, int]], batch: AttentionBatch) -> None:
+        """For decode rows (sequence, context length): the local blocks each row's window reads,
+        from logical block max(0, ctx - window) // block_size on, padded with block 0 (masked)."""
+        bs, window = self.block_size, self.window
+        firsts = [max(0, ctx - window) // bs for _, ctx in rows]  # type: ignore[operator]
+        width = max((ctx - 1) // bs - first + 1 for (_, ctx), first in zip(rows, firsts))
+        tables = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, ((seq, ctx), first) in enumerate(zip(rows, firsts)):
+            lo = first - seq.local_block_start
+            blocks = seq.local_block_table[lo : lo + (ctx - 1) // bs - first + 1]
+            tables[i, : len(blocks)] = torch.tensor(blocks)
+        batch.local_decode_tables = tables
+        batch.local_decode_first = torch.tensor(firsts, dtype=torch.long)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[str, list[int]]:
@@ -99,6 +128,8 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
+        local = self.window is not None
+        local_slots: list[int] = []
         prefill_spans: list[PrefillSpan] = []
         logit_rows: list[int] = []
         row_owner: list[tuple[ScheduledSeq, int]] = []  # (scheduled seq, number of logit rows)
@@ -115,7 +146,12 @@ class ModelRunner:
             if start > 0:  # prior context: query i (position start+i) sees keys 0..start+i
                 q_pos = torch.arange(start, ctx).unsqueeze(1)
                 mask = torch.arange(ctx).unsqueeze(0) <= q_pos
-            prefill_spans.append(PrefillSpan(first, len(input_ids), ctx, torch.tensor(seq.block_table), mask))
+            span = PrefillSpan(first, len(input_ids), ctx, torch.tensor(seq.block_table), mask)
+            if local:
+                local_slots += self._slots(seq.local_block_table, start, s.num_tokens, seq.local_block_start)
+                span.local_block_table = torch.tensor(seq.local_block_table)
+                span.local_block_start = seq.local_block_start
+            prefill_spans.append(span)
             if s.emits_token:
                 k = s.num_draft_tokens + 1  # verify every draft, plus the token after them
                 logit_rows += range(len(input_ids) - k, len(input_ids))
@@ -127,6 +163,7 @@ class ModelRunner:
             max_blocks = max(len(s.seq.block_table) for s in decodes)
             tables = torch.zeros(sum(s.num_tokens for s in decodes), max_blocks, dtype=torch.long)
             ctx_lens = []
+            local_rows: list[tuple[Sequence, int]] = []
             for s in decodes:
                 seq, start, n = s.seq, s.seq.num_computed_tokens, s.num_tokens
                 toks = (seq.token_ids + seq.draft_token_ids)[start : start + n]
@@ -136,7 +173,11 @@ class ModelRunner:
                     input_ids.append(toks[j])
                     positions.append(start + j)
                     ctx_lens.append(start + j + 1)
+                    if local:
+                        local_rows.append((seq, start + j + 1))
                 slots += self._slots(seq.block_table, start, n)
+                if local:
+                    local_slots += self._slots(seq.local_block_table, start, n, seq.local_block_start)
                 if s.emits_token:
                     k = s.num_draft_tokens + 1
                     logit_rows += range(len(input_ids) - k, len(input_ids))
@@ -145,7 +186,11 @@ class ModelRunner:
             batch.decode_context_lens = torch.tensor(ctx_lens, dtype=torch.long)
             if not fused_ops:
                 batch.decode_mask = decode_mask(batch.decode_context_lens, max_blocks * self.block_size)
+            if local:
+                self._local_decode_rows(local_rows, batch)
         batch.slot_mapping = torch.tensor(slots, dtype=torch.long)
+        if local:
+            batch.local_slot_mapping = torch.tensor(local_slots, dtype=torch.long)
 
         masks = self._start_masks([(s, k) for s, k in row_owner if self._needs_full_mask(s, k)])
         try:

@@ -25,6 +25,7 @@ from fastmode.engine.errors import RequestError
 from fastmode.engine.sequence import FinishReason, LengthLimit, Sequence, Status
 from fastmode.engine.tiers import Tier
 from fastmode.engine.waiting_queue import TieredQueue
+from fastmode.engine.window_blocks import WindowedBlockManager
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,17 @@ class SchedulerConfig(SchedulerSettings):
 
     num_blocks: int = 2048  # KV-cache blocks
     max_model_len: int = 8192  # the context limit, in tokens
+    # Sliding-window layers' own pool (engine/window_blocks.py): their window, in positions, and its
+    # size in blocks. 0 blocks: one pool, every layer keeps every position.
+    sliding_window: int | None = None
+    num_local_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_local_blocks < 0:
+            raise ValueError("num_local_blocks must be >= 0")
+        if self.num_local_blocks and not (self.sliding_window and self.sliding_window > 0):
+            raise ValueError("a local-layer pool needs a positive sliding_window")
 
 
 @dataclass(slots=True)  # one per scheduled sequence per step: slots make them cheap to build
@@ -103,11 +115,25 @@ _priority_key = attrgetter("tier_rank", "arrival_time_s")
 _service_key = attrgetter("tier_rank", "last_scheduled_step", "arrival_time_s")
 
 
+def make_block_manager(config: SchedulerConfig) -> BlockManager:
+    """One pool, or a second one for the sliding-window layers when the config sizes it."""
+    if config.num_local_blocks:
+        return WindowedBlockManager(
+            config.num_blocks,
+            config.block_size,
+            config.sliding_window,  # type: ignore[arg-type]  # checked by SchedulerConfig
+            config.num_local_blocks,
+            config.max_num_batched_tokens,
+            config.enable_prefix_caching,
+        )
+    return BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, eos_token_ids: frozenset[int] = frozenset()):
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = make_block_manager(config)
         self.waiting = TieredQueue(config.aging_s)
         self.running: list[Sequence] = []  # resident: hold KV blocks; change it only via _start/_stop_running
         self._num_running = dict.fromkeys(Tier, 0)  # per tier, kept with `running`: read every step
@@ -127,7 +153,7 @@ class Scheduler:
                 param="prompt",
                 code="context_length_exceeded",
             )
-        if self.block_manager.blocks_for(num_prompt_tokens + 1) > self.config.num_blocks:
+        if not self.block_manager.fits_alone(num_prompt_tokens + 1):
             raise RequestError(f"a prompt of {num_prompt_tokens} tokens can never fit in the KV cache", param="prompt")
 
     def add(self, seq: Sequence) -> None:

@@ -30,7 +30,10 @@ class Sequence:
     """Tokens, KV blocks and timings of one request.
 
     Invariant: `num_computed_tokens <= len(token_ids)`; the KV of tokens
-    [0, num_computed_tokens) lives in `block_table`.
+    [0, num_computed_tokens) lives in `block_table`. With a local-layer pool
+    (engine/window_blocks.py) the sliding-window layers' KV lives in
+    `local_block_table` instead, which holds only the blocks a future query can
+    still read: logical blocks `local_block_start` onwards.
     """
 
     def __init__(
@@ -58,6 +61,8 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # chain hashes of the full blocks registered so far
+        self.local_block_table: list[int] = []  # local-layer blocks of logical blocks local_block_start...
+        self.local_block_start = 0  # logical blocks before it fell out of every future query's window
         self.draft_token_ids: list[int] = []  # speculative proposals for the next step
         # The compiled structured-output grammar (engine/structured.CompiledGrammar) when
         # params.structured is set; the model runner masks this request's logits with it.

@@ -4,6 +4,12 @@ A step's tokens are packed into one flat sequence of N tokens: first every
 prefill span (a prompt chunk, or several speculative tokens being verified),
 then one token per decoding sequence. New K/V go to `slot_mapping`; attention
 reads each sequence's blocks from the paged cache.
+
+Where sliding-window layers have a pool of their own (engine/window_blocks.py),
+the `local_*` fields address it: a sequence holds local blocks only from a
+logical block on (the blocks before it left every future query's window), so
+local tables come with that first logical block. Without them (None) every
+layer reads the one pool.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ class PrefillSpan:
     context_len: int
     block_table: torch.Tensor  # (num_blocks,) long
     mask: torch.Tensor | None  # (L, T) bool, True = may attend; None = plain causal (no prior context)
+    local_block_table: torch.Tensor | None = None  # (n,) long: local-pool blocks of logical blocks start...
+    local_block_start: int = 0  # ... from this logical block
 
 
 @dataclass
@@ -36,6 +44,9 @@ class AttentionBatch:
     decode_block_tables: torch.Tensor | None = None  # (Bd, max_blocks) long
     decode_mask: torch.Tensor | None = None  # (Bd, 1, 1, T) float additive: 0 or -inf
     decode_context_lens: torch.Tensor | None = None  # (Bd,) long: tokens each decoding sequence attends to
+    local_slot_mapping: torch.Tensor | None = None  # (N,) long: local-pool slot for each new token's K/V
+    local_decode_tables: torch.Tensor | None = None  # (Bd, W) long: local blocks each decode row's window reads
+    local_decode_first: torch.Tensor | None = None  # (Bd,) long: the logical block of local_decode_tables[:, 0]
 
 
 def decode_mask(context_lens: torch.Tensor, width: int) -> torch.Tensor:

@@ -81,28 +81,76 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Te
     return inv_freq.float()
 
 
+# Rows of the RoPE tables computed at construction; more are added when a position needs them.
+INITIAL_ROPE_POSITIONS = 8192
+# Rows computed per call: few enough (x head_dim/2 columns) that torch computes each call on one
+# thread, so a position's cos/sin never depend on the table's size or the thread count.
+_ROPE_CHUNK = 128
+
+
 class Rotary(nn.Module):
-    """Rotate-half RoPE (the Hugging Face layout) with a precomputed cos/sin table; a second
-    table for local (sliding-window) layers where they have their own base (Gemma 3)."""
+    """Rotate-half RoPE (the Hugging Face layout) with cos/sin tables; a second pair for local
+    (sliding-window) layers where they have their own base (Gemma 3).
+
+    The tables cover `max_positions` positions at most, but hold only what was asked for: the
+    first `INITIAL_ROPE_POSITIONS`, grown (doubling) when a step reaches past them. Rows are
+    computed in fixed chunks, so every position's values are the same whatever the size."""
 
     def __init__(self, cfg: ModelConfig, max_positions: int):
         super().__init__()
-        t = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(t, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))  # (P, hd/2)
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.max_positions = max_positions
+        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.has_local = bool(cfg.sliding_layers) and cfg.rope_local_theta is not None
+        self.local_inv_freq = (
+            rope_inv_freq(cfg.head_dim, cfg.rope_local_theta, RopeScaling()) if self.has_local else None
+        )
+        self._build(min(max_positions, INITIAL_ROPE_POSITIONS))
+
+    @staticmethod
+    def _table(inv_freq: torch.Tensor, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (n, hd/2) of positions [0, n), computed chunk by chunk."""
+        inv_freq = inv_freq.to(device)
+        cos, sin = [], []
+        for first in range(0, n, _ROPE_CHUNK):
+            freqs = torch.outer(torch.arange(first, first + _ROPE_CHUNK, dtype=torch.float32, device=device), inv_freq)
+            cos.append(freqs.cos())
+            sin.append(freqs.sin())
+        if not cos:
+            return torch.empty(0, inv_freq.shape[0], device=device), torch.empty(0, inv_freq.shape[0], device=device)
+        return torch.cat(cos)[:n], torch.cat(sin)[:n]
+
+    def _build(self, n: int) -> None:
+        old = getattr(self, "cos", None)
+        device = old.device if old is not None else self.inv_freq.device
+        cos, sin = self._table(self.inv_freq, n, device)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
         if self.has_local:
-            local = torch.outer(t, rope_inv_freq(cfg.head_dim, cfg.rope_local_theta, RopeScaling()))
-            self.register_buffer("cos_local", local.cos(), persistent=False)
-            self.register_buffer("sin_local", local.sin(), persistent=False)
+            cos, sin = self._table(self.local_inv_freq, n, device)
+            self.register_buffer("cos_local", cos, persistent=False)
+            self.register_buffer("sin_local", sin, persistent=False)
+
+    @property
+    def num_positions(self) -> int:
+        """Positions the tables hold now."""
+        return self.cos.shape[0]
+
+    def reserve(self, num_positions: int) -> None:
+        """Make the tables hold positions [0, num_positions), up to `max_positions`."""
+        if num_positions > self.num_positions:
+            self._build(min(self.max_positions, max(num_positions, 2 * self.num_positions)))
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows for `positions`, (N, 1, hd/2) each: looked up once per step, used by every layer."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        try:
+            return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        except IndexError:  # past the tables (or past max_positions: raises again below)
+            self.reserve(int(positions.max()) + 1)
+            return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
     def local_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The local layers' cos/sin rows, or None where they share the global table."""
+        """The local layers' cos/sin rows, or None where they share the global table. Called after
+        `tables` for the same positions, which has grown both pairs."""
         if not getattr(self, "has_local", False):
             return None
         return self.cos_local[positions].unsqueeze(1), self.sin_local[positions].unsqueeze(1)
@@ -139,6 +187,9 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         n = x.shape[0]
+        slots = batch.slot_mapping
+        if self.window is not None and batch.local_slot_mapping is not None:
+            slots = batch.local_slot_mapping  # this layer's cache is the local pool
         if self.kernels is not None and k_cache.dtype in KERNEL_KV_DTYPES and self.q_norm is None:
             # RoPE and the K/V cache write in one op (the same one LlamaModel's fused decode uses).
             q = self.kernels.rope_qkv(
@@ -148,7 +199,7 @@ class Attention(nn.Module):
                 self.num_heads,
                 self.num_kv_heads,
                 self.head_dim,
-                batch.slot_mapping,
+                slots,
                 k_cache,
                 v_cache,
             )
@@ -162,8 +213,8 @@ class Attention(nn.Module):
             k = Rotary.apply(k, *rope)
             v = v.view(n, self.num_kv_heads, self.head_dim)
             # k_cache: (num_blocks, block_size, kvh, hd); write the new tokens' K/V into their slots.
-            k_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = k.to(k_cache.dtype)
-            v_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = v.to(v_cache.dtype)
+            k_cache.view(-1, self.num_kv_heads, self.head_dim)[slots] = k.to(k_cache.dtype)
+            v_cache.view(-1, self.num_kv_heads, self.head_dim)[slots] = v.to(v_cache.dtype)
 
         outs = []
         for span in batch.prefill_spans:
@@ -188,7 +239,10 @@ class Attention(nn.Module):
             if span.mask is not None:
                 mask &= span.mask[:, first:]
         bs = k_cache.shape[1]
-        blocks = span.block_table[first // bs :]
+        table, table_start = span.block_table, 0
+        if self.window is not None and span.local_block_table is not None:
+            table, table_start = span.local_block_table, span.local_block_start  # from the local pool
+        blocks = table[first // bs - table_start :]
         skip = first - first // bs * bs
         k = k_cache[blocks].flatten(0, 1)[skip : skip + t - first].to(q.dtype)  # (T', kvh, hd)
         v = v_cache[blocks].flatten(0, 1)[skip : skip + t - first].to(q.dtype)
@@ -232,15 +286,19 @@ class Attention(nn.Module):
         0, hence plain PyTorch here."""
         b, bs = q.shape[0], k_cache.shape[1]
         ctx = batch.decode_context_lens  # (B,)
-        tables = batch.decode_block_tables
-        width = tables.shape[1]
-        num = min(width, -(-self.window // bs) + 1)  # a window straddles at most this many blocks
-        first = ((ctx - self.window).clamp(min=0) // bs).clamp(max=width - num)  # (B,) first block read
-        idx = first.unsqueeze(1) + torch.arange(num)  # (B, num) indexes into each row's table
+        if batch.local_decode_tables is not None:  # the local pool: the runner gathered each row's window
+            blocks = batch.local_decode_tables
+            idx = batch.local_decode_first.unsqueeze(1) + torch.arange(blocks.shape[1])  # logical blocks
+        else:
+            tables = batch.decode_block_tables
+            width = tables.shape[1]
+            num = min(width, -(-self.window // bs) + 1)  # a window straddles at most this many blocks
+            first = ((ctx - self.window).clamp(min=0) // bs).clamp(max=width - num)  # (B,) first block read
+            idx = first.unsqueeze(1) + torch.arange(num)  # (B, num) indexes into each row's table
+            blocks = tables.gather(1, idx)
         pos = (idx.unsqueeze(2) * bs + torch.arange(bs)).flatten(1)  # (B, num*bs) key positions
         valid = (pos < ctx.unsqueeze(1)) & (pos >= (ctx - self.window).unsqueeze(1))
         mask = torch.zeros(valid.shape).masked_fill(~valid, float("-inf"))[:, None, None, :]
-        blocks = tables.gather(1, idx)
         g = self.num_heads // self.num_kv_heads
         k = k_cache[blocks].flatten(1, 2).to(q.dtype)  # (B, num*bs, kvh, hd)
         v = v_cache[blocks].flatten(1, 2).to(q.dtype)
