@@ -12,9 +12,11 @@ from fastmode.distill.export import (
     MAX_BYTES,
     choose_format,
     dequantize_int8,
+    dequantize_q4_1,
     encoded_bytes,
     is_spark,
     quantize_int8,
+    quantize_q4_1,
     read_info,
     save_spark,
     teacher_identity,
@@ -87,12 +89,53 @@ def test_int8_codec_error_is_at_most_half_a_step_per_row():
     assert torch.all(dequantize_int8(q, scale)[5] == 0)
 
 
+def test_q4_1_codec_is_ggml_blocks_within_half_a_step_and_re_encodes_to_itself():
+    w = torch.randn(16, 96) * torch.linspace(0.01, 3.0, 16)[:, None]
+    blocks = quantize_q4_1(w)
+    assert blocks.dtype == torch.uint8 and blocks.shape == (16, 96 // 32 * 20)  # 20 bytes per 32 weights
+    back = dequantize_q4_1(blocks)
+    step = (w.view(16, 3, 32).amax(-1) - w.view(16, 3, 32).amin(-1)) / 15  # each block's grid step
+    err = (back - w).abs().view(16, 3, 32)
+    assert torch.all(err <= step[..., None] * 0.5 * 1.01 + 1e-3)  # fp16 step and min add a little
+    assert torch.equal(quantize_q4_1(back), blocks)  # loading re-encodes stored blocks to the same blocks
+
+
+def test_q4_1_round_trip_loads_the_codec_values(tiny_teacher, tmp_path):
+    student = _perturbed_student(tiny_teacher)
+    _save(tmp_path, tiny_teacher, student, "q4_1")
+    loaded = own_state(load_spark(tmp_path, tiny_teacher))
+    for name, w in own_state(student).items():
+        want = dequantize_q4_1(quantize_q4_1(w)) if w.dim() == 2 else w  # norms stay fp32
+        assert torch.equal(loaded[name], want), name
+
+
+def test_q4_1_file_is_what_the_kernels_run(tmp_path):
+    """A Q4_1 Spark on a teacher running on fastmode's kernels runs as Q4_1 blocks, byte for byte as stored."""
+    from fastmode.distill.export import read_spark
+    from fastmode.loader import load_model
+    from fastmode.models.quant_linear import GGML_TYPES, QuantLinear
+
+    teacher = load_model(None)  # the embedded model, natively quantized
+    if getattr(teacher.model.norm, "kernels", None) is None:
+        pytest.skip("fastmode's kernels are not built here")
+    student = build_student(load_model(None, dtype="float32", weights="dequantize").model, [0, 29])
+    info = {"teacher": teacher_identity(teacher.path), "layer_indices": [0, 29]}
+    save_spark(tmp_path, own_state(student), info, "q4_1")
+    stored, _ = read_spark(tmp_path)
+    loaded = load_spark(tmp_path, teacher)
+    down = loaded.layers[1].mlp.down_proj
+    assert isinstance(down, QuantLinear) and down.qtype == GGML_TYPES["Q4_1"]
+    assert torch.equal(down.qweight, stored["layers.1.mlp.down_proj.weight"])
+
+
 def test_size_limit_picks_int8_for_ten_smollm2_layers():
     shapes = {k: tuple(v.shape) for k, v in _meta_student_state(SMOLLM2, 10).items()}
     assert encoded_bytes(shapes, "bf16") > MAX_BYTES  # 10 layers in bf16 are ~71 MB
     assert choose_format(shapes) == "int8" and encoded_bytes(shapes, "int8") < MAX_BYTES  # ~36 MB
     small = {k: tuple(v.shape) for k, v in _meta_student_state(SMOLLM2, 6).items()}
     assert choose_format(small) == "bf16"
+    sixteen = {k: tuple(v.shape) for k, v in _meta_student_state(SMOLLM2, 16).items()}
+    assert choose_format(sixteen) == "q4_1" and encoded_bytes(sixteen, "q4_1") < 40e6  # int8 would be ~57 MB
     with pytest.raises(ValueError, match="fewer layers"):
         choose_format({k: tuple(v.shape) for k, v in _meta_student_state(SMOLLM2, 30).items()})
 

@@ -34,9 +34,12 @@ def _run(teacher, out, max_steps, resume=False):
 
 def test_run_checkpoint_resume_export(tiny_teacher, tmp_path, tiny_data):
     info = _run(tiny_teacher, tmp_path, max_steps=4)
-    assert info["format"] == "fp32" and info["layer_indices"] == [0, 2]
+    selection = info["layer_selection"]
+    assert info["format"] == "fp32" and selection["method"] == "importance"
+    assert info["layer_indices"] == selection["layers"] and len(selection["layers"]) == 2
+    assert [r["layer"] for r in selection["removed"]] == sorted(set(range(3)) - set(selection["layers"]))
+    assert set(selection["kept_kl"]) == {str(i) for i in selection["layers"]}
     assert info["summary"]["steps"] == 4 and info["file_bytes"] <= 50_000_000
-    assert info["summary"]["probe_kl_end"] < info["summary"]["probe_kl_start"]
     with pytest.raises(FileExistsError):
         _run(tiny_teacher, tmp_path, max_steps=6)
 
@@ -47,7 +50,7 @@ def test_run_checkpoint_resume_export(tiny_teacher, tmp_path, tiny_data):
             DistillOptions(out_dir=tmp_path, resume=True, mix={"code": 1.0}, progress=False),
         )
     info = _run(tiny_teacher, tmp_path, max_steps=6, resume=True)
-    assert info["summary"]["steps"] == 6
+    assert info["summary"]["steps"] == 6 and info["layer_selection"] == selection
     steps = [json.loads(line)["step"] for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 7))
 
@@ -55,6 +58,20 @@ def test_run_checkpoint_resume_export(tiny_teacher, tmp_path, tiny_data):
     assert straight["summary"]["last20_mean_kl"] == info["summary"]["last20_mean_kl"]
     a, b = load_spark(tmp_path, tiny_teacher), load_spark(tmp_path / "straight", tiny_teacher)
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_even_selection_and_a_changed_selection_is_not_resumed(tiny_teacher, tmp_path, tiny_data):
+    cfg = TrainConfig(num_layers=2, seq_len=16, batch_size=2, lr=3e-3, warmup_steps=2, layer_selection="even")
+    opts = DistillOptions(out_dir=tmp_path, max_steps=4, mix=MIX, progress=False)
+    info = run_distill(tiny_teacher, cfg, opts)
+    assert info["layer_indices"] == [0, 2] and info["layer_selection"] == {"method": "even", "layers": [0, 2]}
+    assert info["summary"]["probe_kl_end"] < info["summary"]["probe_kl_start"]
+    with pytest.raises(ValueError, match="other training settings"):
+        run_distill(
+            tiny_teacher,
+            TrainConfig(num_layers=2, seq_len=16, batch_size=2, lr=3e-3, warmup_steps=2),
+            DistillOptions(out_dir=tmp_path, resume=True, max_steps=6, mix=MIX, progress=False),
+        )
 
 
 def test_time_budget_stops_training(tiny_teacher, tmp_path, tiny_data):
@@ -89,6 +106,7 @@ def test_distill_flags_default_to_the_training_configs():
     from fastmode.distill.export import MAX_BYTES
 
     flags, train, run = DistillCommandOptions(), TrainConfig(), DistillOptions(out_dir=Path("x"))
+    assert flags.select_layers == train.layer_selection and flags.importance_windows == run.importance_windows
     for name in (
         "num_layers",
         "seq_len",

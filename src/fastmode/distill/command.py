@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,11 @@ class DistillCommandOptions:
         default=None, metadata={"parse": Path, "metavar": "DIR"}
     )  # output folder (none: <cache>/spark/<teacher>-spark)
     resume: bool = False  # continue the checkpoint in --out
-    num_layers: int = 10  # student layers, spread evenly over the teacher's
+    num_layers: int = 10  # student layers
+    select_layers: str = field(
+        default="importance", metadata={"choices": ("importance", "even")}
+    )  # keep the layers whose removal costs most (greedy, measured), or spread them evenly
+    importance_windows: int = field(default=8, metadata={"metavar": "N"})  # 64-token windows importance is measured on
     seq_len: int = 256  # tokens per training window
     batch_size: int = 4  # windows per step
     lr: float = 5e-4  # peak AdamW learning rate
@@ -61,7 +66,7 @@ class DistillCommandOptions:
     )  # share of training windows per source
     answer_max_tokens: int = 128  # length cap of the teacher's answers
     format: str = field(
-        default="auto", metadata={"choices": ("auto", "fp32", "bf16", "int8")}
+        default="auto", metadata={"choices": ("auto", "fp32", "bf16", "int8", "q4_1")}
     )  # weight storage; auto = most precise that fits --max-mb
     max_mb: float = 50.0  # size limit of the exported file (MB)
 
@@ -81,15 +86,23 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the teacher in fp32, train, export, print the record."""
-    from fastmode.distill.pipeline import DistillOptions, run_distill
+    from fastmode.distill.pipeline import DistillOptions, run_distill, teacher_config
     from fastmode.distill.spark import default_spark_dir
     from fastmode.distill.train import TrainConfig
     from fastmode.loader import load_model
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        from fastmode.distill.forward import check_supported
+
+        check_supported(teacher_config(args.model))  # before the teacher's weights are loaded
+    except ValueError as e:
+        print(f"fastmode distill: error: {e}", file=sys.stderr)
+        return 2
     teacher = load_model(args.model, dtype="float32", weights="dequantize")  # the student trains on fp32 copies
     cfg = TrainConfig(
         num_layers=args.num_layers,
+        layer_selection=args.select_layers,
         seq_len=args.seq_len,
         batch_size=args.batch_size,
         lr=args.lr,
@@ -110,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         answer_max_tokens=args.answer_max_tokens,
         export_format=args.format,
         max_bytes=int(args.max_mb * 1e6),
+        importance_windows=args.importance_windows,
     )
     try:
         info = run_distill(teacher, cfg, opts)

@@ -8,10 +8,13 @@ initialised from, the storage format and a training summary. Embeddings, LM
 head and tokenizer come from the teacher at load time.
 
 Storage formats, chosen to fit `max_bytes` (50 MB by default): `fp32`
-(exact), `bf16`, or `int8` with one fp32 scale per output row (absmax / 127;
-the rounding error of each weight is at most half its row's scale). `auto`
-takes the most precise one that fits. 1-D tensors (norm weights, biases) are
-always fp32: they are tiny and sensitive.
+(exact), `bf16`, `int8` with one fp32 scale per output row (absmax / 127;
+the rounding error of each weight is at most half its row's scale), or
+`q4_1`: ggml's Q4_1 blocks (32 weights, 4-bit codes between the block's min
+and max, fp16 step and min; 5 bits per weight), the teacher GGUF's own format,
+which the kernels then run without re-encoding. `auto` takes the most precise
+one that fits. 1-D tensors (norm weights, biases) are always fp32: they are
+tiny and sensitive.
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from typing import Any
 
 import torch
 
-FORMATS = ("fp32", "bf16", "int8")
+FORMATS = ("fp32", "bf16", "int8", "q4_1")  # most precise first
 FILE_NAME = "spark.safetensors"
 INFO_FILE = "spark.json"
 MAGIC = "fastmode-spark/1"
 MAX_BYTES = 50_000_000
 _SCALE = ".int8_scale"  # suffix of the per-row scale stored beside an int8 weight
+Q4_1_BLOCK = (32, 20)  # (weights, bytes) of one Q4_1 block
 
 
 def teacher_identity(path: Path) -> dict[str, str]:
@@ -66,6 +70,22 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale[:, None]
 
 
+def quantize_q4_1(w: torch.Tensor) -> torch.Tensor:
+    """(rows, cols) float, cols a multiple of 32 -> (rows, cols / 32 * 20) uint8 Q4_1 blocks (gguf's quantizer)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    return torch.from_numpy(quantize(w.detach().float().contiguous().numpy(), GGMLQuantizationType.Q4_1))
+
+
+def dequantize_q4_1(blocks: torch.Tensor) -> torch.Tensor:
+    """Inverse of `quantize_q4_1`, in fp32 (rows, cols)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType.Q4_1).astype("float32"))
+
+
 def encoded_bytes(shapes: Mapping[str, tuple[int, ...]], fmt: str) -> int:
     """Tensor bytes of a state with these shapes in format `fmt` (the header adds a few KB)."""
     total = 0
@@ -73,8 +93,10 @@ def encoded_bytes(shapes: Mapping[str, tuple[int, ...]], fmt: str) -> int:
         n = 1
         for d in shape:
             n *= d
-        if len(shape) != 2:
+        if len(shape) != 2 or (fmt == "q4_1" and shape[1] % Q4_1_BLOCK[0]):
             total += 4 * n
+        elif fmt == "q4_1":
+            total += n // Q4_1_BLOCK[0] * Q4_1_BLOCK[1]
         elif fmt == "int8":
             total += n + 4 * shape[0]
         else:
@@ -103,6 +125,8 @@ def encode(state: Mapping[str, torch.Tensor], fmt: str) -> dict[str, torch.Tenso
             out[name] = t
         elif fmt == "bf16":
             out[name] = t.to(torch.bfloat16)
+        elif fmt == "q4_1":
+            out[name] = quantize_q4_1(t) if t.shape[1] % Q4_1_BLOCK[0] == 0 else t
         else:
             out[name], out[name + _SCALE] = quantize_int8(t)
     return out
@@ -116,6 +140,8 @@ def decode(tensors: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str,
             continue
         if t.dtype == torch.int8:
             t = dequantize_int8(t, tensors[name + _SCALE])
+        elif t.dtype == torch.uint8:
+            t = dequantize_q4_1(t)
         out[name] = t.to(dtype)
     return out
 

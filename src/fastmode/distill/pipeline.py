@@ -18,16 +18,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fastmode.config import ModelConfig
 from fastmode.distill.answers import load_prompts, teacher_answers
 from fastmode.distill.corpus import Document, keep_clean, shakespeare_documents, stdlib_documents, text_pieces
 from fastmode.distill.defaults import DEFAULT_MIX
 from fastmode.distill.export import MAX_BYTES, save_spark, teacher_identity
+from fastmode.distill.forward import check_supported
+from fastmode.distill.importance import select_by_importance
 from fastmode.distill.stream import SourceCursor, WindowStream
-from fastmode.distill.student import own_state
+from fastmode.distill.student import choose_layers, own_state
 from fastmode.distill.train import TrainConfig, Trainer, load_checkpoint, save_checkpoint
 from fastmode.loader import LoadedModel
 from fastmode.loader.tokenizer import Tokenizer
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 
 PIECE_CHARS = 6000  # ~1,500 tokens: several windows per piece, many pieces per source
 PROBE_SEED_OFFSET = 1_000_003  # the probe batch comes from its own stream, not from the training order
+IMPORTANCE_SEED_OFFSET = 2_000_003  # so do the windows that layer importance is measured on
+IMPORTANCE_SEQ_LEN = 64  # tokens per importance window: short windows, so that several sources are sampled
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,23 @@ class DistillOptions:
     answer_max_tokens: int = 128
     export_format: str = "auto"
     max_bytes: int = MAX_BYTES
+    importance_windows: int = 8  # windows of IMPORTANCE_SEQ_LEN tokens that layer importance is measured on
     progress: bool = True
+
+
+def teacher_config(model: str | None) -> ModelConfig:
+    """The teacher's config, read from the GGUF header or config.json without loading any weights."""
+    from fastmode.loader.gguf_file import config_from_metadata, read_metadata
+    from fastmode.loader.hf_dir import config_from_hf
+    from fastmode.loader.load import resolve_model_path
+
+    path, _ = resolve_model_path(model)
+    if path.is_file():
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(path))  # memory-mapped: only the header is read here
+        return config_from_metadata(read_metadata(reader), {t.name for t in reader.tensors}, str(path))
+    return config_from_hf(json.loads((path / "config.json").read_text()), str(path))
 
 
 def load_sources(mix: Mapping[str, float], answer_docs: list[Document]) -> dict[str, list[Document]]:
@@ -79,6 +100,27 @@ def make_stream(
 
     cursors = [SourceCursor(name, docs, encode, separator, seed) for name, docs in sources.items() if docs]
     return WindowStream(cursors, mix, seed, cfg.batch_size, cfg.seq_len)
+
+
+def choose_student_layers(
+    teacher: LoadedModel, cfg: TrainConfig, sources: Mapping[str, list[Document]], opts: DistillOptions
+) -> tuple[list[int], dict[str, Any]]:
+    """The teacher layers the student starts from, and a record of how they were chosen."""
+    n = teacher.config.num_layers
+    if cfg.layer_selection == "even":
+        layers = choose_layers(n, cfg.num_layers)
+        return layers, {"method": "even", "layers": layers}
+    windows = make_stream(
+        sources,
+        teacher.tokenizer,
+        replace(cfg, batch_size=opts.importance_windows, seq_len=IMPORTANCE_SEQ_LEN),
+        opts.mix,
+        cfg.seed + IMPORTANCE_SEED_OFFSET,
+    ).next_batch()[:, :-1]
+    t0 = time.perf_counter()
+    selection = select_by_importance(teacher.model, [windows], cfg.num_layers)
+    log.info("layers by importance (%.0f s): %s", time.perf_counter() - t0, selection.layers)
+    return selection.layers, selection.record()
 
 
 def _truncate_log(path: Path, last_step: int) -> None:
@@ -117,6 +159,7 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
     """Train (or resume) and export; returns the JSON record written beside the weights."""
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    check_supported(teacher.config)
     ckpt_path, log_path = out / "checkpoint.pt", out / "train_log.jsonl"
     if ckpt_path.exists() and not opts.resume:
         raise FileExistsError(f"{ckpt_path} exists: pass --resume to continue it, or choose another --out")
@@ -132,7 +175,6 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
     stream = make_stream(sources, teacher.tokenizer, cfg, opts.mix, cfg.seed)
     probe_batch = make_stream(sources, teacher.tokenizer, cfg, opts.mix, cfg.seed + PROBE_SEED_OFFSET).next_batch()
 
-    trainer = Trainer(teacher.model, stream, cfg)
     # What decides the data (TrainConfig decides the rest): a resume must see the same stream.
     data_key = {
         "teacher": identity,
@@ -145,11 +187,16 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
         state = load_checkpoint(ckpt_path)
         if state["extra"]["data"] != data_key:
             raise ValueError(f"checkpoint was made with other data settings: {state['extra']['data']}, now {data_key}")
+        if state["config"] != asdict(cfg):
+            raise ValueError(f"checkpoint was made with other training settings: {state['config']}, now {asdict(cfg)}")
+        trainer = Trainer(teacher.model, stream, cfg, state["layer_indices"])  # the layers chosen at the start
         trainer.load_state_dict(state)
         extra = state["extra"]
         _truncate_log(log_path, trainer.step)
         log.info("resumed at step %d", trainer.step)
     else:
+        layers, extra["layer_selection"] = choose_student_layers(teacher, cfg, sources, opts)
+        trainer = Trainer(teacher.model, stream, cfg, layers)
         log_path.unlink(missing_ok=True)
         extra["probe_kl_start"] = trainer.evaluate(probe_batch).kl
 
@@ -198,6 +245,7 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
         "teacher": identity,
         "teacher_num_layers": teacher.config.num_layers,
         "layer_indices": trainer.layer_indices,
+        "layer_selection": extra.get("layer_selection"),
         "summary": {
             "config": asdict(cfg),
             "steps": trainer.step,

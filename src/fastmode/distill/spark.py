@@ -76,11 +76,13 @@ def load_spark(path: str | Path, teacher: LoadedModel, check_teacher: bool = Tru
     norm.load_state_dict({"weight": state["norm.weight"]})
     model = assemble(teacher.model, layers.to(teacher.dtype), norm.to(teacher.dtype), spark_name(teacher.name))
     kernels = getattr(teacher.model.norm, "kernels", None)
-    if kernels is not None:  # a teacher on fastmode's kernels: the student's layers run on them too, as Q8_0
-        from fastmode.models.quant_linear import QuantLinear, quantize_layers
+    if kernels is not None:  # a teacher on fastmode's kernels: the student's layers run on them too
+        from fastmode.models.quant_linear import GGML_TYPES, QuantLinear, quantize_layers
 
         int8 = any(m.int8_activations for m in teacher.model.modules() if isinstance(m, QuantLinear))
-        quantize_layers(model, int8_activations=int8)
+        # Stored Q4_1 blocks re-encode to the same blocks; any other format runs as Q8_0.
+        qtype = GGML_TYPES["Q4_1" if info.get("format") == "q4_1" else "Q8_0"]
+        quantize_layers(model, qtype=qtype, int8_activations=int8)
         use_kernels(model, kernels)
     return model.eval().requires_grad_(False)
 
