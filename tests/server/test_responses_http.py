@@ -280,7 +280,7 @@ def test_invalid_schema_is_a_400_before_the_stream(server, http):
 @pytest.mark.parametrize(
     "extra, param",
     [
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
         ({"include": ["file_search_call.results"]}, "include"),
         ({"background": True}, "background"),
         ({"truncation": "auto"}, "truncation"),

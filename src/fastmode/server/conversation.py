@@ -22,7 +22,9 @@ tokens), the conversation is rendered afresh instead.
 
 Messages follow Hugging Face's chat shape: `{"role", "content"}`, assistant
 messages may carry `tool_calls` ([{id, type: "function", function: {name,
-arguments: dict}}]) and `tool` messages carry `tool_call_id`.
+arguments: dict}}]) and a thinking model's `reasoning_content` (its template
+renders it, or drops it from earlier turns, as Qwen3's does), and `tool`
+messages carry `tool_call_id`.
 """
 
 from __future__ import annotations
@@ -64,7 +66,12 @@ _BYTES_PER_TURN = 2048
 
 def turn_bytes(turn: Turn) -> int:
     """An estimate of the memory a kept turn holds."""
-    chars = sum(len(m.get("content") or "") for m in turn.messages if isinstance(m.get("content"), str))
+    chars = sum(
+        len(m.get(key) or "")
+        for m in turn.messages
+        for key in ("content", "reasoning_content")
+        if isinstance(m.get(key), str)
+    )
     return _BYTES_PER_TURN + _BYTES_PER_TOKEN * (len(turn.prompt_ids) + len(turn.output_ids)) + _BYTES_PER_CHAR * chars
 
 
@@ -162,7 +169,9 @@ def _bridge_text(
     reply = tok.decode(prev.output_ids)
     message = prev.messages[-1]
     if not message.get("tool_calls"):
-        message = {**message, "content": reply}
+        # The reply's tokens hold its think block too, as the model wrote it: the message is the
+        # whole of it, not the block apart (`reasoning_content`) and the answer again.
+        message = {k: v for k, v in message.items() if k != "reasoning_content"} | {"content": reply}
     opened = render(before_msgs, True)
     closed = render(before_msgs + [message], False)
     following = render(before_msgs + [message] + new_messages, add_generation_prompt)

@@ -51,7 +51,13 @@ from fastmode.server.openai_models import (
     chat_messages,
 )
 from fastmode.server.ratelimit import openai_headers
-from fastmode.server.reasoning import ReasoningParser, is_thinking_model, prompt_opens_thinking, with_thinking
+from fastmode.server.reasoning import (
+    ReasoningParser,
+    is_thinking_model,
+    prompt_opens_thinking,
+    reasoning_token_count,
+    with_thinking,
+)
 from fastmode.server.served_model import ServedModel
 from fastmode.server.state import ServerState, get_state, require_api_key
 from fastmode.server.tools import (
@@ -91,9 +97,10 @@ def tier_fields(a: Admission) -> dict:
     }
 
 
-def usage(o: RequestOutput | list[RequestOutput]) -> dict:
+def usage(o: RequestOutput | list[RequestOutput], reasoning_tokens: int = 0) -> dict:
     """OpenAI's usage, plus what fastmode metered. With several choices the prompt counts
-    once and the completion tokens, cost and machine time of every choice add up."""
+    once and the completion tokens, cost and machine time of every choice add up;
+    `reasoning_tokens`: the completion tokens that wrote think blocks."""
     outs = o if isinstance(o, list) else [o]
     first = outs[0].metrics
     prompt, completion = len(outs[0].prompt_token_ids), sum(len(x.token_ids) for x in outs)
@@ -102,7 +109,7 @@ def usage(o: RequestOutput | list[RequestOutput]) -> dict:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": first.cached_tokens if first else 0},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "cost_usd": sum(x.metrics.cost_usd for x in outs if x.metrics),
         "machine_seconds": sum(x.metrics.machine_s for x in outs if x.metrics),
         "time_to_first_token_seconds": first.ttft_s if first else None,
@@ -259,7 +266,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         return client_gone()
     choices = [out.choice(i, o, j.logprobs) for i, (o, j) in enumerate(zip(outs, jobs))]
     return JSONResponse(
-        {**head, "object": "chat.completion", "choices": choices, "usage": usage(outs)}, headers=headers
+        {**head, "object": "chat.completion", "choices": choices, "usage": out.usage(outs)}, headers=headers
     )
 
 
@@ -277,6 +284,7 @@ class _ChatOutput:
 
     def __init__(self, model: ServedModel, with_tools: bool, logprobs: bool):
         self.with_tools = with_tools
+        self.tokenizer = model.tokenizer
         self.tokens = TokenText(model.tokenizer) if logprobs else None
         # A thinking model's output: None = no think blocks; else whether the prompt opened one.
         self.reasoning_from_prompt: bool | None = None
@@ -286,6 +294,11 @@ class _ChatOutput:
 
     def reasoning(self) -> ReasoningParser | None:
         return None if self.reasoning_from_prompt is None else ReasoningParser(self.reasoning_from_prompt)
+
+    def usage(self, outs: list[RequestOutput]) -> dict:
+        """The request's usage, with the tokens of every choice's think block as reasoning tokens."""
+        counted = sum(reasoning_token_count(self.tokenizer, o.token_ids, self.reasoning_from_prompt) for o in outs)
+        return usage(outs, counted)
 
     def logprobs(self, entries) -> dict | None:
         if self.tokens is None:
@@ -381,7 +394,7 @@ async def _chat_events(jobs: list[Job], head: dict, include_usage: bool, out: _C
         yield sse_event(e.body(OPENAI))
         return
     if include_usage:
-        yield sse_event({**head, "choices": [], "usage": usage([j.last for j in jobs])})
+        yield sse_event({**head, "choices": [], "usage": out.usage([j.last for j in jobs])})
     yield "data: [DONE]\n\n"
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fastmode.sampling_params import StructuredOutput
 from fastmode.server.errors import ApiError, clip
 from fastmode.server.params import Penalty, Seed, Temperature, TopK, TopP
+from fastmode.server.reasoning import Effort, effort_switch
 from fastmode.server.tools import ToolChoice, ToolSpec
 
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
@@ -241,7 +242,7 @@ class ChatCompletionRequest(SamplingFields):
     modalities: list[str] | None = None
     prediction: Any = None
     # A thinking model's switch (see server/reasoning.py): "none" off, any other effort on.
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    reasoning_effort: Effort | None = None
     web_search_options: Any = None
     verbosity: str | None = None
 
@@ -262,7 +263,7 @@ class ChatCompletionRequest(SamplingFields):
 
     def thinking(self) -> bool | None:
         """The template's thinking switch for this request; None: the template's default."""
-        return None if self.reasoning_effort is None else self.reasoning_effort != "none"
+        return effort_switch(self.reasoning_effort)
 
     def num_logprobs(self) -> int | None:
         """SamplingParams.logprobs: None (off), 0 (the chosen token's) or top_logprobs alternatives."""

@@ -2,11 +2,16 @@
 answer, reported apart from the answer instead of mixed into it.
 
 OpenAI chat reports it as `reasoning_content` on the message (`delta.reasoning_content` when
-streaming), as vLLM does; Anthropic as `thinking` content blocks. A request switches thinking
-with OpenAI's `reasoning_effort` ("none" off, any other effort on; absent: the template's own
-default) or Anthropic's `thinking` ({"type": "enabled"} on, "disabled" or absent off, as with
-Claude), mapped onto the chat template's `enable_thinking` variable. There is no thinking
-budget: a model with the switch either thinks or does not.
+streaming), as vLLM does; the Responses API as a `reasoning` output item before the answer;
+Anthropic as `thinking` content blocks. A request switches thinking with OpenAI's effort
+(`reasoning_effort` in chat, `reasoning.effort` in Responses: "none" off, any other effort on;
+absent: the template's own default; `effort_switch`) or Anthropic's `thinking`
+({"type": "enabled"} on, "disabled" or absent off, as with Claude), mapped onto the chat
+template's `enable_thinking` variable. There is no thinking budget: a model with the switch
+either thinks or does not, so "minimal" thinks as fully as "high".
+
+Usage counts the block's tokens as reasoning tokens (`reasoning_tokens`): counted on the
+output's token ids, up to and including the token that closes the block.
 
 `ReasoningParser` splits the text as it streams: the tags arrive in pieces of any size (a tag
 may be split across tokens, or several tags and text may come in one piece), so text that may
@@ -16,10 +21,19 @@ be the start of a tag is held back until the next piece decides it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from fastmode.loader.tokenizer import Tokenizer
 
 OPEN, CLOSE = "<think>", "</think>"
+# OpenAI's reasoning efforts (its SDK's ReasoningEffort). Without a thinking budget only "none"
+# differs from the rest: it switches thinking off.
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
+def effort_switch(effort: str | None) -> bool | None:
+    """The template's thinking switch for an OpenAI reasoning effort; None: the template's default."""
+    return None if effort is None else effort != "none"
 
 
 def is_thinking_model(tok: Tokenizer) -> bool:
@@ -39,6 +53,39 @@ def prompt_opens_thinking(tok: Tokenizer, prompt_ids: Sequence[int]) -> bool:
     the generation prompt), so the output starts as reasoning without an opening tag."""
     tail = tok.decode(list(prompt_ids[-8:]), skip_special_tokens=False)
     return tail.rstrip().endswith(OPEN)
+
+
+def reasoning_token_count(tok: Tokenizer, output_ids: Sequence[int], opened: bool | None) -> int:
+    """How many of `output_ids` wrote the think block: the tokens up to and including the one
+    that completes `</think>` (all of them when the block never closes), 0 when the output holds
+    no block. `opened`: whether the prompt opened the block (`prompt_opens_thinking`); None for
+    a model that writes none. Counted on the ids, so a tag split over several tokens counts
+    every one of them."""
+    if opened is None or not output_ids:
+        return 0
+    if not opened and not tok.decode(list(output_ids), skip_special_tokens=False).lstrip().startswith(OPEN):
+        return 0
+    close = tok.encode(CLOSE, add_special_tokens=False)
+    if len(close) == 1:  # the tag is one token (Qwen3): find it
+        ids = list(output_ids)
+        return ids.index(close[0]) + 1 if close[0] in ids else len(ids)
+
+    # The tag spans tokens: the shortest prefix whose text holds it (holding it only grows with the prefix).
+    def holds(n: int) -> bool:
+        text = tok.decode(list(output_ids[:n]), skip_special_tokens=False)
+        if not opened:
+            if OPEN not in text:
+                return False
+            text = text[text.index(OPEN) + len(OPEN) :]
+        return CLOSE in text
+
+    if not holds(len(output_ids)):
+        return len(output_ids)
+    lo, hi = 1, len(output_ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(mid) else (mid + 1, hi)
+    return lo
 
 
 def _partial_tag(text: str, tag: str) -> int:

@@ -22,7 +22,8 @@ from fastmode.server.errors import ApiError, clip
 from fastmode.server.generation import SSEResponse, client_gone, sse_event
 from fastmode.server.openai_api import response_headers
 from fastmode.server.responses_models import ResponseRequest
-from fastmode.server.responses_turn import ResponseRun, prepare_turn
+from fastmode.server.responses_prepare import prepare_turn
+from fastmode.server.responses_turn import ResponseRun
 from fastmode.server.state import get_state, require_api_key
 
 router = APIRouter(dependencies=[Depends(require_api_key)])

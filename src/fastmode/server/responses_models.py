@@ -3,17 +3,16 @@ WebSocket mode's `response.create` event (the same body, plus `type` and `genera
 
 Unknown fields are refused (`extra="forbid"`), as OpenAI refuses them; fields
 we know but do not implement are refused by `unsupported()` with the
-parameter's name. Input items become chat messages in Hugging Face's shape
-(assistant `tool_calls` with dict arguments, `tool` messages with
-`tool_call_id`), the shape chat templates render.
+parameter's name. Input items and the chat messages they become are in
+responses_input.py.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from fastmode.sampling_params import StructuredOutput
@@ -21,11 +20,13 @@ from fastmode.server.conversation import Message
 from fastmode.server.errors import ApiError
 from fastmode.server.openai_models import ServiceTier, Speculative
 from fastmode.server.params import Seed, Temperature, TopP
+from fastmode.server.reasoning import Effort, effort_switch
+from fastmode.server.responses_input import InputItem, input_messages
 from fastmode.server.tools import ToolChoice, ToolSpec
 
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
-# Includes that ask for parts of items this server never produces (reasoning
-# items): there is nothing to include, so asking is not an error.
+# Includes that ask for parts of items this server never writes (a reasoning item's
+# encrypted_content: its text is in the clear): there is nothing to include, so asking is not an error.
 _EMPTY_INCLUDES = {"reasoning.encrypted_content"}
 
 
@@ -33,57 +34,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ContentPart(_Strict):
-    type: Literal["input_text", "output_text", "text"]
-    text: str
-    annotations: list[Any] | None = None
-    logprobs: list[Any] | None = None
+class ReasoningConfig(_Strict):
+    """`reasoning`: the effort switches a thinking model's think block (reasoning.py); no
+    summaries are written, so `summary` is accepted and the items' `summary` stays empty."""
 
-
-def _text(content: str | list[ContentPart]) -> str:
-    return content if isinstance(content, str) else "".join(p.text for p in content)
-
-
-class MessageItem(_Strict):
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[ContentPart]
-    id: str | None = None
-    status: str | None = None
-
-
-class FunctionCallItem(_Strict):
-    type: Literal["function_call"]
-    call_id: str
-    name: str
-    arguments: str
-    id: str | None = None
-    status: str | None = None
-
-
-class FunctionCallOutputItem(_Strict):
-    type: Literal["function_call_output"]
-    call_id: str
-    output: str | list[ContentPart]
-    id: str | None = None
-    status: str | None = None
-
-
-def _item_kind(v: Any) -> str | None:
-    kind = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
-    return kind if kind in ("message", "function_call", "function_call_output") else None
-
-
-InputItem = Annotated[
-    Annotated[MessageItem, Tag("message")]
-    | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
-    Discriminator(
-        _item_kind,
-        custom_error_type="input_item_type",
-        custom_error_message="input items must be of type message, function_call or function_call_output",
-    ),
-]
+    effort: Effort | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # the SDK's deprecated name
 
 
 class FunctionTool(_Strict):
@@ -144,8 +101,8 @@ class ResponseRequest(_Strict):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None  # include_obfuscation: a no-op, no padding is added
+    reasoning: ReasoningConfig | None = None
     # Known, not implemented: refused by name when set.
-    reasoning: dict[str, Any] | None = None
     background: bool | None = None
     max_tool_calls: int | None = None
     prompt: Any = None
@@ -169,7 +126,6 @@ class ResponseRequest(_Strict):
     def unsupported(self) -> None:
         checks = [
             ("text.verbosity", self.text is not None and self.text.verbosity is not None),
-            ("reasoning", self.reasoning is not None and any(v is not None for v in self.reasoning.values())),
             ("include", any(i not in (OUTPUT_TEXT_LOGPROBS, *_EMPTY_INCLUDES) for i in self.include or ())),
             ("truncation", self.truncation == "auto"),
             ("background", bool(self.background)),
@@ -188,6 +144,15 @@ class ResponseRequest(_Strict):
                     param=name,
                     code="unsupported_parameter",
                 )
+
+    def thinking(self) -> bool | None:
+        """The template's thinking switch for this request; None: the template's default."""
+        return effort_switch(self.reasoning.effort if self.reasoning is not None else None)
+
+    def reasoning_config(self) -> dict:
+        """`reasoning` as the response object echoes it."""
+        r = self.reasoning or ReasoningConfig()
+        return {"effort": r.effort, "summary": r.summary or r.generate_summary}
 
     def tool_specs(self) -> list[ToolSpec]:
         return [
@@ -236,53 +201,7 @@ class ResponseRequest(_Strict):
 
     def new_messages(self, history: list[Message]) -> list[Message]:
         """The input items as chat messages; `history` (earlier turns) names the calls tool outputs answer."""
-        if not self.input:
-            raise ApiError("invalid_request", "input is empty", param="input")
-        if isinstance(self.input, str):
-            return [{"role": "user", "content": self.input}]
-        names = {c["id"]: c["function"]["name"] for m in history for c in m.get("tool_calls") or ()}
-        out: list[Message] = []
-        for i, item in enumerate(self.input):
-            if isinstance(item, MessageItem):
-                out.append(
-                    {"role": "system" if item.role == "developer" else item.role, "content": _text(item.content)}
-                )
-            elif isinstance(item, FunctionCallItem):
-                try:
-                    args = json.loads(item.arguments)
-                except json.JSONDecodeError:
-                    args = None
-                if not isinstance(args, dict):
-                    raise ApiError(
-                        "invalid_request",
-                        f"input[{i}].arguments must be a JSON object, as a string",
-                        param=f"input[{i}].arguments",
-                    )
-                call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": args}}
-                names[item.call_id] = item.name
-                last = out[-1] if out else None
-                # Calls that follow an assistant message (or other calls) belong to that same assistant turn.
-                if last is not None and last["role"] == "assistant":
-                    last["tool_calls"] = [*(last.get("tool_calls") or ()), call]
-                else:
-                    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-            else:
-                if item.call_id not in names:
-                    raise ApiError(
-                        "invalid_request",
-                        f"input[{i}] answers call_id `{item.call_id}`, but no "
-                        "function_call with that call_id precedes it",
-                        param=f"input[{i}].call_id",
-                    )
-                out.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": item.call_id,
-                        "name": names[item.call_id],
-                        "content": _text(item.output),
-                    }
-                )
-        return out
+        return input_messages(self.input, history)
 
 
 class ResponseCreateEvent(ResponseRequest):

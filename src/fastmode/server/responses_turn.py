@@ -1,11 +1,11 @@
 """One turn of the Responses API, whatever carries it (HTTP or the WebSocket mode).
 
-`prepare_turn` checks a request and admits it: everything that can be refused
-is refused there, before any event is sent (a bad schema, an unknown
-previous_response_id, a full fast lane). `ResponseRun.events()` then runs it
+`prepare_turn` (responses_prepare.py) checks a request and admits it: everything
+that can be refused is refused there, before any event is sent. `ResponseRun.events()` then runs it
 and yields the stream events with their sequence numbers, ending with
 response.completed, response.incomplete (max_output_tokens or the context cut
-it) or response.failed. The finished turn is handed to `keep` before the last
+it) or response.failed. A thinking model's think block becomes a `reasoning`
+item before the answer (reasoning.py splits it out). The finished turn is handed to `keep` before the last
 event goes out, so a client that reacts to response.completed at once can
 already chain from it.
 
@@ -16,153 +16,36 @@ the next turn chains from.
 
 from __future__ import annotations
 
-import functools
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from fastmode.engine.llm_engine import RequestOutput
-from fastmode.sampling_params import StructuredOutput
-from fastmode.server.conversation import Message, Turn, build_prompt
-from fastmode.server.errors import OPENAI, ApiError, clip
-from fastmode.server.generation import (
-    Job,
-    check_structured,
-    make_params,
-    resolve_max_tokens,
-    stop_details,
-)
+from fastmode.server.conversation import Message, Turn
+from fastmode.server.errors import OPENAI, ApiError
+from fastmode.server.generation import stop_details
 from fastmode.server.logprobs import TokenText, chat_logprobs
-from fastmode.server.openai_api import tier_choice, tier_fields
-from fastmode.server.responses_events import OutputBuilder, new_id
-from fastmode.server.responses_models import ResponseRequest
-from fastmode.server.state import ServerState
-from fastmode.server.tools import (
-    ArgumentsDelta,
-    CallEnd,
-    CallStart,
-    TextDelta,
-    ToolCallParser,
-    ToolChoice,
-    ToolError,
-    ToolSpec,
-    render_text,
-    tool_grammar,
-)
-
-Lookup = Callable[[str], "Turn | None"]
+from fastmode.server.openai_api import tier_fields
+from fastmode.server.reasoning import ReasoningParser, reasoning_token_count
+from fastmode.server.responses_events import OutputBuilder
+from fastmode.server.responses_prepare import PreparedTurn
+from fastmode.server.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolCallParser
 
 
-@dataclass
-class PreparedTurn:
-    job: Job
-    body: ResponseRequest
-    response_id: str
-    history: list[Message]  # the conversation so far, without the system message
-    generate: bool
-    tools_key: str
-    calls_possible: bool  # tools are offered and tool_choice is not none: the output is parsed for calls
-
-
-def _previous(body: ResponseRequest, lookup: Lookup) -> Turn | None:
-    if body.previous_response_id is None:
-        return None
-    prev = lookup(body.previous_response_id)
-    if prev is None:
-        raise ApiError(
-            "invalid_request",
-            f"Previous response with id '{clip(body.previous_response_id)}' not found.",
-            param="previous_response_id",
-            code="previous_response_not_found",
-        )
-    return prev
-
-
-def _grammar(tools: list[ToolSpec], choice: ToolChoice, answer: StructuredOutput | None) -> StructuredOutput | None:
-    """The turn's grammar: calls as `tool_choice` allows, and a reply without calls under `text.format`."""
-    try:
-        return tool_grammar(tools, choice, answer)
-    except ToolError as e:
-        param = "text.format" if e.param == "response_format" else e.param
-        raise ApiError("invalid_request", str(e).replace("response_format", "text.format"), param=param) from e
-
-
-async def prepare_turn(
-    state: ServerState, body: ResponseRequest, lookup: Lookup, generate: bool = True
-) -> PreparedTurn:
-    """Validate, build the prompt and admit; raises ApiError (nothing is left behind)."""
-    state.check_input(body)
-    model = state.select(body.model)
-    body.unsupported()
-    tok = model.tokenizer
-    tools = body.tool_specs()
-    choice = body.choice()
-    prev = _previous(body, lookup)
-    history = prev.messages if prev else []
-    new = body.new_messages(history)
-    answer = body.structured()
-    structured = _grammar(tools, choice, answer)
-    if generate:  # the format alone first, so that a bad schema is named as such
-        await check_structured(model, answer, "text.format")
-        await check_structured(model, structured, "text.format" if structured is answer else "tools")
-    # Tools are part of the prompt: a turn offering other tools cannot extend the previous one's tokens.
-    tools_key = json.dumps([t.as_hf() for t in tools], sort_keys=True) if tools else ""
-
-    def render(messages: list[Message], add_generation_prompt: bool) -> str:
-        return render_text(tok, messages, tools, add_generation_prompt)
-
-    try:
-        ids, history, _ = await state.tokenizers.run(
-            functools.partial(
-                build_prompt,
-                tok,
-                prev,
-                body.instructions,
-                new,
-                model.name,
-                render=render,
-                tools=tools_key,
-                add_generation_prompt=generate,
-            )
-        )
-    except ValueError as e:  # no template, or the template refused the conversation
-        raise ApiError("invalid_request", str(e), param="input") from e
-    try:
-        # A warm-up prefills the prompt; the one token sampled with it is dropped.
-        max_tokens = resolve_max_tokens(
-            model.engine, len(ids), body.max_output_tokens if generate else 1, "max_output_tokens"
-        )
-    except ApiError as e:
-        e.param = "input" if e.param == "messages" else e.param  # the prompt's field in this API
-        raise
-    params = make_params(
-        model,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        seed=body.seed,
-        max_tokens=max_tokens,
-        speculative=body.speculative,
-        structured=structured if generate else None,
-        logprobs=body.logprobs if generate else None,
-    )
-    model.check_request(ids, params, "input")
-    admission = model.admission.admit(tier_choice(body.service_tier), len(ids), max_tokens)
-    job = Job(state, model, ids, params, admission)
-    calls_possible = bool(tools) and choice.mode != "none"
-    return PreparedTurn(job, body, new_id("resp"), history, generate, tools_key, calls_possible)
-
-
-def usage(o: RequestOutput | None, prompt_len: int, generated: bool = True) -> dict:
-    """The Responses API's usage, plus what fastmode metered for this request."""
+def usage(o: RequestOutput | None, prompt_len: int, generated: bool = True, reasoning_tokens: int = 0) -> dict:
+    """The Responses API's usage, plus what fastmode metered for this request; `reasoning_tokens`:
+    the output tokens that wrote the think block."""
     m = o.metrics if o else None
     out = len(o.token_ids) if o and generated else 0
+    cached = m.cached_tokens if m else 0
     return {
         "input_tokens": prompt_len,
-        "input_tokens_details": {"cached_tokens": m.cached_tokens if m else 0},
+        # Written: the prompt tokens computed (not served from the prefix cache) into KV blocks,
+        # whose full blocks the prefix cache then keeps for later requests.
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": prompt_len - cached},
         "output_tokens": out,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": prompt_len + out,
         "cost_usd": m.cost_usd if m else 0.0,
         "machine_seconds": m.machine_s if m else 0.0,
@@ -194,7 +77,7 @@ class ResponseRun:
             "output": [],
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": body.reasoning_config(),
             "store": body.store is not False,
             "temperature": job.params.temperature,
             "text": body.text_config(),
@@ -257,21 +140,33 @@ class ResponseRun:
     async def _generate(self) -> AsyncIterator[dict]:
         job, tok = self.p.job, self.p.job.model.tokenizer
         out = OutputBuilder()
-        # Where no call can come, the answer is one message, opened at once; otherwise the
-        # parser decides what is text and what is a call, and items open as it says.
+        # Where no call and no think block can come, the answer is one message, opened at once;
+        # otherwise the parsers decide what is reasoning, text and a call, and items open as they say.
         parser = ToolCallParser("call_") if self.p.calls_possible else None
+        opens = self.p.reasoning_from_prompt
+        thinking = ReasoningParser(opens) if opens is not None else None
         token_text = TokenText(tok) if job.params.logprobs is not None else None
-        if parser is None:
+        if parser is None and thinking is None:
             for event in out.open_message():
                 yield event
         try:
             async with aclosing(job.outputs()) as outs:
                 async for o in outs:
                     logprobs = chat_logprobs(token_text, o.delta_logprobs or ()) if token_text is not None else None
+                    text, events = o.delta_text, []
+                    if thinking is not None:
+                        # Tokens of the think block (and of its closing) carry no logprobs to the answer.
+                        in_answer = thinking.state == "content" and not thinking.strip_newlines
+                        thought, text = thinking.feed(text)
+                        if o.finished:
+                            more = thinking.finish()
+                            thought, text = thought + more[0], text + more[1]
+                        events += out.reasoning(thought)
+                        logprobs = logprobs if in_answer else None
                     if parser is None:
-                        events = out.text(o.delta_text, logprobs)
+                        events += out.text(text, logprobs)
                     else:
-                        events = self._parsed(out, parser.feed(o.delta_text), logprobs)
+                        events += self._parsed(out, parser.feed(text), logprobs)
                         if o.finished:
                             events += self._parsed(out, parser.finish(), None)
                     for event in events:
@@ -284,15 +179,24 @@ class ResponseRun:
         o = job.last
         kind, _ = stop_details(o, job.params, tok)
         status = "incomplete" if kind == "length" else "completed"
-        if not out.output:  # nothing at all was written: the answer is an empty message
+        if not out.output or (out.output[-1]["type"] == "reasoning" and status == "completed"):
+            # No answer was written (nothing at all, or only reasoning): the answer is an empty message.
             for event in out.open_message():
                 yield event
         for event in out.finish(status):
             yield event
-        final = {**self.response, "status": status, "output": out.output, "usage": usage(o, len(o.prompt_token_ids))}
+        counted = reasoning_token_count(tok, o.token_ids, opens)
+        final = {
+            **self.response,
+            "status": status,
+            "output": out.output,
+            "usage": usage(o, len(o.prompt_token_ids), reasoning_tokens=counted),
+        }
         if status == "incomplete":
             final["incomplete_details"] = {"reason": "max_output_tokens"}
         reply: Message = {"role": "assistant", "content": out.text_so_far}
+        if out.reasoning_so_far:  # the template renders it, or drops it, in later turns
+            reply["reasoning_content"] = out.reasoning_so_far
         calls = parser.calls if parser is not None else []
         if calls:
             reply["content"] = reply["content"] or None

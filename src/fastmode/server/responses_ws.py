@@ -25,7 +25,8 @@ from pydantic import ValidationError
 from fastmode.server.conversation import Turn
 from fastmode.server.errors import OPENAI, ApiError, clip, validation_message
 from fastmode.server.responses_models import ResponseCreateEvent
-from fastmode.server.responses_turn import ResponseRun, prepare_turn
+from fastmode.server.responses_prepare import prepare_turn
+from fastmode.server.responses_turn import ResponseRun
 from fastmode.server.state import ServerState, get_state
 
 router = APIRouter()
