@@ -56,13 +56,31 @@ def test_step_curve_interpolates_and_extrapolates_measured_step_times():
     assert c.seconds(10) == pytest.approx(0.024 + 0.056 * 5 / 11)  # between 5 and 16
     assert c.seconds(27) == pytest.approx(0.080 + 0.056 * 11 / 11)  # beyond: the last slope
     assert c.relative(1, 4) == pytest.approx(1.2)
-    c.observe(5, 0.028)  # EMA
-    assert c.seconds(5) == pytest.approx(0.026)
     c.observe(0, 1.0), c.observe(3, 0.0)  # ignored
-    assert c.seconds(3) == pytest.approx(0.023)
+    assert c.seconds(3) == pytest.approx(0.022)
+    c.observe(5, 0.028)  # 5 rows slower than their shape says: the scale and row 5's shape share it
+    assert 0.024 < c.seconds(5) < 0.028 and c.seconds(1) > 0.020
     noisy = StepCurve()
     noisy.observe(4, 0.030), noisy.observe(8, 0.025)
     assert noisy.relative(4, 4) == 1.0  # never cheaper than the plain step
+
+
+def test_step_curve_carries_a_change_of_machine_speed_to_row_counts_not_observed():
+    """Seeded on a busy machine (every step ~10x slower), then only plain decodes and short
+    verifications run: the long verifications, never observed since, must not keep their busy
+    seconds, or the policy would price them at ~10x a plain step and never draft long."""
+    c = StepCurve()
+    for rows, s in {1: 0.190, 2: 0.220, 4: 0.290, 8: 0.450}.items():
+        c.observe(rows, s)
+    for _ in range(100):
+        c.observe(1, 0.015), c.observe(2, 0.017)
+    assert c.seconds(1) == pytest.approx(0.015, rel=0.02)
+    assert c.relative(1, 7) == pytest.approx(0.450 / 0.190, rel=0.05)  # the shape it was seeded with
+    assert c.seconds(8) < 0.05
+    # The reverse: the machine slows down and only plain decodes show it.
+    for _ in range(100):
+        c.observe(1, 0.045)
+    assert c.seconds(8) == pytest.approx(3 * 0.015 * 0.450 / 0.190, rel=0.1)
 
 
 def test_policy_prices_verification_from_the_measured_step_curve():

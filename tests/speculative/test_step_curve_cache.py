@@ -14,7 +14,7 @@ class Meter:
 
     def __call__(self, rows):
         self.calls.append(list(rows))
-        return {r: 0.01 * r + 0.001 * len(self.calls) for r in rows}
+        return {r: 0.01 * r + 0.001 * len(self.calls) for r in rows}, 1.05  # a steady machine
 
 
 def test_a_second_engine_of_the_same_kind_reads_the_curve(tmp_path):
@@ -49,5 +49,18 @@ def test_without_a_cache_every_engine_measures(tmp_path):
         assert not cached
     assert len(meter.calls) == 2
     # An empty measurement (a KV pool too small) is not saved.
-    _, cached = cached_step_curve(tmp_path, PARTS, [3], lambda rows: {})
+    _, cached = cached_step_curve(tmp_path, PARTS, [3], lambda rows: ({}, float("inf")))
     assert not cached and not (tmp_path / "step_curves").exists()
+
+
+def test_a_curve_timed_on_a_busy_machine_is_used_but_not_saved(tmp_path):
+    """Repeats that spread widely mean other work shared the cores: every engine after this one
+    would otherwise price verification from that busy minute for a week."""
+    busy = {1: 0.19, 2: 0.14, 4: 0.26}
+    curve, cached = cached_step_curve(tmp_path, PARTS, [1, 2, 4], lambda rows: (busy, 3.0), now_s=0.0)
+    assert curve == busy and not cached
+    meter = Meter()
+    curve, cached = cached_step_curve(tmp_path, PARTS, [1, 2, 4], meter, now_s=1.0)
+    assert not cached and len(meter.calls) == 1  # nothing was saved: measured again
+    _, cached = cached_step_curve(tmp_path, PARTS, [1, 2, 4], meter, now_s=2.0)
+    assert cached  # a steady measurement is saved

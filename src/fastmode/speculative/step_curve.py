@@ -7,14 +7,24 @@ machines this project runs on have put a 4-row step anywhere from 1.3x to 1.6x
 a 1-row step (`benchmarks/kernels.py`). A fixed per-token verify cost cannot
 describe that, so the policy asks this curve. The engine seeds it at start-up
 (`step_timing.py` times steps of each row count the policy may ask for) and then
-feeds it every step that computed no prompt chunk (only decodes and
-verifications): an exponential moving average of the seconds per distinct row
-count, interpolated linearly in between and extrapolated along the slope of
-the two largest measured counts, after making the estimates non-decreasing in
-rows (noise can put them out of order). One observation moves an estimate by at most
-a factor of two before averaging: on a shared machine a step the OS preempted
-can take many times its usual time, and one such step must not switch
-speculation off.
+feeds it every step that computed no prompt chunk (only decodes and verifications).
+
+The curve is a **scale** times a **shape**. The shape is each row count's cost relative to
+the smallest measured count (whose shape is 1); the scale is that count's seconds, i.e. how
+fast the machine runs right now. Every observed step moves the scale (what its seconds over
+its row count's shape say); a step of a row count other than the smallest also moves that
+count's shape, at half the rate. A shared machine's speed changes by whole factors within
+minutes, and serving observes some row counts all the time (plain decodes) and others rarely
+(long verifications): with a separate absolute average per row count, a rarely observed count
+would keep the seconds of whatever the machine's speed was when it was last seen, and the
+policy would price its verification from a busy minute long past. With the scale shared, a
+change of speed seen at any row count carries over to all of them.
+
+Between measured counts the shape is interpolated linearly and beyond them extrapolated
+along the slope of the two largest, after making it non-decreasing in rows (noise can
+put estimates out of order). One observation moves the scale or a shape value by at
+most a factor of two before averaging: a step the OS preempted can take many times its
+usual time, and one such step must not switch speculation off.
 """
 
 from __future__ import annotations
@@ -28,29 +38,42 @@ class StepCurve:
             raise ValueError(f"ema must be in (0, 1], got {ema}")
         self.ema = ema
         self._rows: list[int] = []  # sorted row counts with a measurement
-        self._seconds: dict[int, float] = {}  # the moving average per row count
-        self._fit: dict[int, float] | None = None  # the same, made non-decreasing in rows (lazily)
+        self._scale: float | None = None  # seconds per unit of shape, now (moving average)
+        self._shape: dict[int, float] = {}  # row count -> cost in units of the scale (moving average)
+        self._fit: dict[int, float] | None = None  # the shape made non-decreasing in rows (lazily)
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows < 1 or seconds <= 0:
             return
         self._fit = None
-        old = self._seconds.get(rows)
-        if old is None:
+        if self._scale is None:  # the first observation is the reference
+            self._rows, self._shape, self._scale = [rows], {rows: 1.0}, seconds
+            return
+        shape = self._shape.get(rows)
+        if shape is None:  # a new row count: its cost relative to the machine's speed now
             bisect.insort(self._rows, rows)
-            self._seconds[rows] = seconds
-        else:
-            seconds = min(max(seconds, old / 2), old * 2)
-            self._seconds[rows] = (1 - self.ema) * old + self.ema * seconds
+            self._shape[rows] = seconds / self._scale
+            ref = self._rows[0]
+            if ref == rows:  # a new smallest count becomes the reference (shape 1)
+                unit = self._shape[ref]
+                self._shape = {r: v / unit for r, v in self._shape.items()}
+                self._scale *= unit
+            return
+        w, scale = self.ema, self._scale
+        implied = min(max(seconds / shape, scale / 2), scale * 2)  # the machine's speed this step says
+        self._scale = scale = (1 - w) * scale + w * implied
+        if rows != self._rows[0]:
+            relative = min(max(seconds / scale, shape / 2), shape * 2)
+            self._shape[rows] = (1 - w / 2) * shape + w / 2 * relative
 
     def _fitted(self) -> dict[int, float]:
-        """The estimates made non-decreasing in rows (pool-adjacent-violators: a run of counts
-        that noise put out of order gets its mean). More rows never make a step cheaper, and
-        a start-up measurement on a busy machine can say otherwise."""
+        """The shape made non-decreasing in rows (pool-adjacent-violators: a run of counts that
+        noise put out of order gets its mean). More rows never make a step cheaper, and a
+        start-up measurement on a busy machine can say otherwise."""
         if self._fit is None:
             blocks: list[list[float]] = []  # [sum, count] per pooled run, in row order
             for r in self._rows:
-                blocks.append([self._seconds[r], 1.0])
+                blocks.append([self._shape[r], 1.0])
                 while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
                     total, n = blocks.pop()
                     blocks[-1][0] += total
@@ -65,15 +88,18 @@ class StepCurve:
         return len(self._rows) >= 2
 
     def measured(self) -> dict[int, float]:
-        """The current estimate at every measured row count."""
-        return dict(self._seconds)
+        """The current estimate (seconds) at every measured row count, before the monotone fit."""
+        scale = self._scale or 0.0
+        return {r: scale * s for r, s in self._shape.items()}
 
     def seconds(self, rows: int) -> float | None:
         """Estimated step time for `rows` rows; None with fewer than two measured counts
         (unless `rows` itself was measured)."""
+        if self._scale is None:
+            return None
         fit = self._fitted()
         if rows in fit:
-            return fit[rows]
+            return self._scale * fit[rows]
         xs = self._rows
         if len(xs) < 2:
             return None
@@ -85,7 +111,7 @@ class StepCurve:
         else:
             lo, hi = xs[i - 1], xs[i]
         y0, y1 = fit[lo], fit[hi]
-        return max(y0 + (y1 - y0) * (rows - lo) / (hi - lo), 1e-9)
+        return self._scale * max(y0 + (y1 - y0) * (rows - lo) / (hi - lo), 1e-9)
 
     def relative(self, batch: int, extra_rows: int) -> float | None:
         """Time of a step with `batch + extra_rows` rows over one with `batch` rows."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import statistics
 import time
 from pathlib import Path
@@ -48,17 +49,18 @@ def row_counts(max_batch: int, max_draft_tokens: int) -> list[int]:
 
 def measure_step_curve(
     runner, blocks: BlockManager, rows: list[int], repeats: int = 3, token_id: int = 1
-) -> dict[int, float]:
-    """Median seconds of a verify step of each row count in `rows` (`runner`: a ModelRunner).
-    The counts take turns, `repeats` rounds after one warm-up round, so drift on a shared
-    machine hits every count alike. Returns {} if the KV pool cannot hold the sequences."""
+) -> tuple[dict[int, float], float]:
+    """Median seconds of a verify step of each row count in `rows` (`runner`: a ModelRunner),
+    and how steady the machine was meanwhile (`spread`). The counts take turns, `repeats` rounds
+    after one warm-up round, so drift on a shared machine hits every count alike. Returns
+    ({}, inf) if the KV pool cannot hold the sequences."""
     params = SamplingParams(temperature=0, max_tokens=1)
     num_seqs = -(-max(rows) // ROWS_PER_SEQ)
     seqs = [Sequence(f"step-timing-{i}", [token_id] * CONTEXT_TOKENS, params) for i in range(num_seqs)]
     try:
         for seq in seqs:
             if not blocks.allocate(seq, CONTEXT_TOKENS + ROWS_PER_SEQ):
-                return {}
+                return {}, math.inf
             seq.num_computed_tokens = CONTEXT_TOKENS - 1
             seq.draft_token_ids = [token_id] * (ROWS_PER_SEQ - 1)
         steps = {r: _step(seqs, r) for r in rows}
@@ -69,11 +71,17 @@ def measure_step_curve(
                 runner.execute(steps[r])
                 if rnd:  # round 0 warms every shape up
                     times[r].append(time.perf_counter() - t0)
-        return {r: statistics.median(v) for r, v in times.items()}
+        return {r: statistics.median(v) for r, v in times.items()}, spread(times)
     finally:
         for seq in seqs:
             blocks.free(seq)
             runner.release(seq.request_id)
+
+
+def spread(times: dict[int, list[float]]) -> float:
+    """The median over row counts of the slowest repeat over the fastest: about 1 on a quiet
+    machine, well above on a busy one."""
+    return statistics.median(max(v) / min(v) for v in times.values() if v and min(v) > 0)
 
 
 def _step(seqs: list[Sequence], rows: int) -> SchedulerOutput:
@@ -90,11 +98,19 @@ def _step(seqs: list[Sequence], rows: int) -> SchedulerOutput:
 
 
 MAX_AGE_S = 7 * 24 * 3600.0
+# A measurement whose repeats spread more than this is used for the engine that made it but not
+# saved: a curve timed while other work shared the cores would be read by every engine after it.
+MAX_SPREAD = 1.3
+
+
+# Part of every key: raised whenever what a saved curve guarantees changes, so files saved under
+# weaker rules are not read (2: saved only from a steady measurement).
+CURVE_FORMAT = 2
 
 
 def curve_key(parts: dict) -> str:
     """A file name for the curve of an engine described by `parts` (JSON-serialisable)."""
-    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    blob = json.dumps({"curve_format": CURVE_FORMAT, **parts}, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
@@ -102,9 +118,9 @@ def cached_step_curve(
     cache: Path | None, parts: dict, rows: list[int], measure, now_s: float | None = None
 ) -> tuple[dict[int, float], bool]:
     """The step curve for `rows`: from `cache` (a directory; None: no cache) when a fresh one
-    for `parts` holds every row count, else `measure(rows)` (then saved there). Returns the
-    curve and whether it came from the cache. A cache that cannot be read or written is
-    measured around, never an error."""
+    for `parts` holds every row count, else `measure(rows)` -> (curve, spread), saved there when
+    the machine was steady (spread <= MAX_SPREAD). Returns the curve and whether it came from the
+    cache. A cache that cannot be read or written is measured around, never an error."""
     now_s = time.time() if now_s is None else now_s
     path = None if cache is None else cache / "step_curves" / f"{curve_key({**parts, 'rows': rows})}.json"
     if path is not None:
@@ -115,8 +131,10 @@ def cached_step_curve(
                 return {r: curve[r] for r in rows}, True
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    curve = measure(rows)
-    if path is not None and curve:
+    curve, steadiness = measure(rows)
+    if steadiness > MAX_SPREAD:
+        log.info("step times spread %.2fx between repeats: used, not saved", steadiness)
+    elif path is not None and curve:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
