@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fastmode.config import ModelConfig
 from fastmode.engine.block_manager import BlockManager
+from fastmode.engine.config import EngineConfig, local_blocks_wanted
 from fastmode.engine.errors import RequestError
 from fastmode.engine.model_runner import ModelRunner
 from fastmode.engine.scheduler import Scheduler, SchedulerConfig
@@ -108,18 +110,15 @@ def test_local_blocks_stay_bounded_while_the_global_table_grows(gemma):
         bm, n = sched.block_manager, seq.num_computed_tokens
         assert len(seq.block_table) == bm.blocks_for(n)  # the global layers keep every position
         held = range(seq.local_block_start, seq.local_block_start + len(seq.local_block_table))
-        # Every block a future query's window reads is held...
-        assert held.start <= max(0, n - WINDOW + 1) // BS
-        assert held.stop == bm.blocks_for(n)
-        # ...and no more than the window plus this step's chunk need.
-        assert len(seq.local_block_table) <= bm.max_local_blocks_per_seq
+        # Between steps: exactly the blocks a future query's window can read.
+        assert held == range(max(0, n - WINDOW + 1) // BS, bm.blocks_for(n))
         seen.append((n, len(seq.block_table), len(seq.local_block_table)))
 
     run(sched, runner, [seq], on_step=check)
     decoding = [(n, g, loc) for n, g, loc in seen if n > len(PROMPTS[0])]
     assert max(g for _, g, _ in decoding) >= 40  # 160 tokens of context: 40 global blocks
-    # Decoding, a sequence holds the window's blocks: ceil((8 - 1) / 4) + 1 = 3, plus the next token's.
-    assert max(loc for _, _, loc in decoding) <= 4
+    # A sequence holds the window's blocks: at most ceil((8 - 1) / 4) + 1 = 3.
+    assert max(loc for _, _, loc in seen) == 3
     assert_all_free(sched)
 
 
@@ -211,10 +210,14 @@ def test_admission_waits_for_local_blocks():
     assert seqs[2].status is Status.WAITING and not seqs[2].local_block_table
     assert sched.block_manager.num_free_local_blocks == 2
     assert sched.block_manager.num_free_blocks == 1000 - 8  # the global pool had room
+    # After the step each keeps only its window's blocks (positions 9..15: blocks 2 and 3),
+    # which makes room for the third.
     sched.update_from_output(out, {"r0": [1], "r1": [1]}, 0.0)
-    sched.abort("r0", 1.0)
+    assert [len(s.local_block_table) for s in seqs[:2]] == [2, 2]
+    assert sched.block_manager.num_free_local_blocks == 6
     out = sched.schedule(1.0)
-    assert "r2" in [s.seq.request_id for s in out.scheduled]
+    assert [s.seq.request_id for s in out.scheduled] == ["r0", "r1", "r2"]
+    assert sched.block_manager.num_free_local_blocks == 0
 
 
 def test_a_prompt_the_local_pool_can_never_hold_is_refused():
@@ -247,3 +250,79 @@ def test_kv_memory_of_a_long_context():
     assert after < before / 3
     bm.free(seq)
     assert bm.num_free_blocks == 10_000 and bm.num_free_local_blocks == 10_000
+
+
+def test_speculative_verification_with_rejected_drafts_stays_exact(gemma):
+    """Multi-token verification steps write local KV for drafts and roll back the rejected
+    ones (`truncate` on both pools); the output is the one-pool engine's, token for token."""
+    reference = run(*engine_parts(gemma, num_local_blocks=0), seqs_for(PROMPTS))
+    sched, runner = engine_parts(gemma)
+    seqs = seqs_for(PROMPTS)
+    for seq in seqs:
+        sched.add(seq)
+    accepted = 0
+    for step in range(2000):
+        if not sched.has_work:
+            break
+        for seq in sched.running:  # drafts: the right continuation, its 3rd token wrong
+            if not seq.is_prefilling:
+                ref = reference[seq.request_id][seq.num_output_tokens :][:5]
+                seq.draft_token_ids = [t if i != 2 else (t + 1) % 384 for i, t in enumerate(ref)]
+        out = sched.schedule(float(step))
+        sched.update_from_output(out, runner.execute(out), float(step))
+        accepted += sum(s.num_accepted_drafts for s in out.scheduled)
+    assert {s.request_id: s.output_token_ids for s in seqs} == reference
+    assert accepted > NEW  # drafts were verified and kept, two per step
+    assert_all_free(sched)
+
+
+def _gemma_like(num_layers: int = 26, window: int = 512) -> ModelConfig:
+    """Gemma 3 1B's KV shape: 26 layers, every sixth global, one KV head of 256."""
+    return ModelConfig(
+        architecture="gemma3",
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=num_layers,
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=256,
+        max_position_embeddings=32768,
+        sliding_window=window,
+        sliding_layers=tuple(i for i in range(num_layers) if i % 6 != 5),
+    )
+
+
+def test_engine_config_splits_the_kv_budget_between_the_pools():
+    model = _gemma_like()
+    per_token = model.kv_bytes_per_token(2)
+    cfg = EngineConfig(kv_cache_gib=2.0, block_size=16)
+    one_pool = cfg.scheduler_config(per_token, model.max_position_embeddings)
+    split = cfg.scheduler_config(per_token, model.max_position_embeddings, model=model)
+    assert one_pool.num_local_blocks == 0 and one_pool.sliding_window is None
+    wanted = local_blocks_wanted(512, 16, 64, 512)
+    assert split.num_local_blocks == wanted == 64 * 34 + 32 and split.sliding_window == 512
+    layer_block = per_token // 26 * 16
+    used = (split.num_blocks * 4 + split.num_local_blocks * 22) * layer_block
+    assert used <= 2 * 2**30 < used + 4 * layer_block  # the whole budget, to a block
+    assert split.num_blocks > 4 * one_pool.num_blocks  # four times the context for the global layers
+    off = EngineConfig(kv_cache_gib=2.0, block_size=16, local_kv_pool=False)
+    assert off.scheduler_config(per_token, 32768, model=model) == one_pool
+    # A budget too small for every sequence's window: the local pool is as large as one pool
+    # would be, so no workload that fits one pool is refused.
+    small = EngineConfig(kv_cache_gib=0.25, block_size=16).scheduler_config(per_token, 32768, model=model)
+    tiny_one = EngineConfig(kv_cache_gib=0.25, block_size=16).scheduler_config(per_token, 32768)
+    assert small.num_local_blocks == tiny_one.num_blocks and small.num_blocks >= tiny_one.num_blocks
+    llama = ModelConfig(
+        architecture="llama",
+        vocab_size=10,
+        hidden_size=8,
+        intermediate_size=8,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=4,
+    )
+    assert EngineConfig().scheduler_config(per_token, 32768, model=llama) == EngineConfig().scheduler_config(
+        per_token, 32768
+    )

@@ -134,6 +134,9 @@ class Scheduler:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.block_manager = make_block_manager(config)
+        # With a local-layer pool, each step's sequences give back the blocks behind their window.
+        bm = self.block_manager
+        self._release_behind_window = bm.release_behind_window if isinstance(bm, WindowedBlockManager) else None
         self.waiting = TieredQueue(config.aging_s)
         self.running: list[Sequence] = []  # resident: hold KV blocks; change it only via _start/_stop_running
         self._num_running = dict.fromkeys(Tier, 0)  # per tier, kept with `running`: read every step
@@ -344,6 +347,7 @@ class Scheduler:
         running = Status.RUNNING  # a local: this loop is hot
         # commit is a no-op without the prefix cache: skip the call then.
         commit = self.block_manager.commit if self.block_manager.enable_prefix_caching else None
+        release_behind_window = self._release_behind_window
         for s in out.scheduled:
             seq = s.seq
             if seq.status is not running:
@@ -361,6 +365,8 @@ class Scheduler:
             # conversation stays in the prefix cache for its next turn.
             if commit is not None:
                 commit(seq)
+            if release_behind_window is not None:
+                release_behind_window(seq)
             if new:
                 self._append(seq, new, now_s)
                 touched.append(seq)

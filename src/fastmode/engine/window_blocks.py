@@ -120,8 +120,10 @@ class WindowedBlockManager(BlockManager):
         return seq.num_computed_tokens
 
     # -- allocation --------------------------------------------------------
-    def _drop_behind_window(self, seq: Sequence) -> None:
-        """Return the local blocks no query from `seq.num_computed_tokens` on can read."""
+    def release_behind_window(self, seq: Sequence) -> None:
+        """Return the local blocks no query from `seq.num_computed_tokens` on can read. The
+        scheduler calls it after every step of `seq`, so between steps a sequence holds at most
+        ceil((window - 1) / block_size) + 1 local blocks; `allocate` calls it too."""
         first = self.first_needed_block(seq.num_computed_tokens)
         start = seq.local_block_start
         if first <= start:
@@ -133,7 +135,7 @@ class WindowedBlockManager(BlockManager):
         seq.local_block_start = first if not table else start + n
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        self._drop_behind_window(seq)
+        self.release_behind_window(seq)
         end = self.blocks_for(seq.num_computed_tokens + num_new_tokens)
         n_global = max(0, end - len(seq.block_table))
         n_local = max(0, end - seq.local_block_start - len(seq.local_block_table))
