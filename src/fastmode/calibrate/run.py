@@ -15,6 +15,7 @@ from fastmode.loader import LoadedModel
 from fastmode.planner.catalog import load_hardware
 from fastmode.planner.cost_model import CostModel
 from fastmode.planner.model_spec import ModelSpec
+from fastmode.planner.weight_format import WeightFormat
 
 
 @dataclass(frozen=True)
@@ -22,27 +23,76 @@ class CalibrationRun:
     points: list[StepPoint]
     fit: FitResult
     spec: ModelSpec  # the engine's model as the cost model sees it
-    weight_format: str  # "bf16" or "fp32": how the engine holds the weights in memory
+    weight_format: str  # how the engine holds the weights: "bf16", "fp32", or a GGUF "*-native" format
     calibration: dict[str, Any]  # the JSON to write
     cost_model: CostModel  # calibrated, tp = 1
 
 
-def engine_model_spec(loaded: LoadedModel) -> tuple[ModelSpec, str]:
+# Natively run GGUF combinations the planner names (planner/weight_format.py), by the loader's
+# weight_format: their figures are the block sizes native_format measures.
+NAMED_NATIVE = {"Q4_1+Q8_0": "q4_1-native", "Q8_0": "q8_0-native"}
+
+
+def native_format(model) -> WeightFormat | None:
+    """The bytes per parameter a model's linears read per step, by weight class, measured on the
+    loaded layers themselves: blocks as stored for each GGUF block type the kernels run natively
+    (Q4_0 18 B per 32 weights, Q4_1 20, Q5_0 22, Q5_1 24, Q8_0 34; Q4_K 144 B per 256, Q5_K 176,
+    Q6_K 210), the dtype's width for any dequantized layer. A file mixes types (Q4_K_M keeps some
+    attn_v and ffn_down in Q6_K), so each class's figure is its layers' bytes over their weights.
+    None when no layer runs on blocks."""
+    import torch
+
+    from fastmode.models.quant_linear import GGML_TYPES, QuantLinear
+
+    names = {v: k for k, v in GGML_TYPES.items()}
+    sums = {"embed": [0, 0], "attn": [0, 0], "ffn": [0, 0]}  # class -> [bytes, weights]
+    types = set()
+    for name, m in model.named_modules():
+        if isinstance(m, QuantLinear):
+            nbytes, weights = m.qweight.numel(), m.in_features * m.out_features
+            types.add(names[m.qtype])
+        elif isinstance(m, torch.nn.Linear):
+            nbytes, weights = m.weight.numel() * m.weight.element_size(), m.weight.numel()
+        else:
+            continue
+        kind = "attn" if ".self_attn." in f".{name}." else "ffn" if ".mlp." in f".{name}." else "embed"
+        sums[kind][0] += nbytes
+        sums[kind][1] += weights
+    if not types:
+        return None
+    per = {k: (b / w if w else 4.0) for k, (b, w) in sums.items()}
+    return WeightFormat(
+        "+".join(sorted(types)).lower() + "-native",
+        per["embed"],
+        per["attn"],
+        per["ffn"],
+        "fp32",
+        "fastmode's CPU kernels on GGUF blocks as stored, measured on the loaded layers; fp32 arithmetic",
+    )
+
+
+def engine_model_spec(loaded: LoadedModel) -> tuple[ModelSpec, str | WeightFormat]:
     """(ModelSpec, planner weight format) of a loaded engine model: the bytes its linears read per
-    step. GGUF blocks run natively map to the *-native formats; dequantized weights to fp32/bf16."""
-    native = {"Q4_1+Q8_0": "q4_1-native", "Q8_0": "q8_0-native"}
-    fmt = native.get(loaded.weight_format.replace("+int8-activations", ""))
+    step. GGUF blocks run natively: the planner's *-native format where it names the combination,
+    else the figures measured on the layers (`native_format`); dequantized weights: fp32/bf16."""
+    fmt: str | WeightFormat | None = NAMED_NATIVE.get(loaded.weight_format.replace("+int8-activations", ""))
+    if fmt is None:
+        fmt = native_format(loaded.model)
     if fmt is None:
         fmt = "fp32" if str(loaded.dtype).endswith("float32") else "bf16"
     return ModelSpec.from_config(loaded.name, loaded.config, default_format=fmt), fmt
 
 
-def kernel_regimes(fmt: str) -> tuple[int, int]:
+def format_name(fmt: str | WeightFormat) -> str:
+    return fmt if isinstance(fmt, str) else fmt.name
+
+
+def kernel_regimes(fmt: str | WeightFormat) -> tuple[int, int]:
     """(split, tile) of the engine's matmuls for weight format `fmt`. split: the step tokens up to
     which they run their small-row kernel (0: one kernel for every step size); tile: the rows the
     larger steps' kernel computes per pass (16 on AMX tiles; 0: no tiles). Native GGUF blocks go
     through fastmode's kernels, which read blocks directly up to `direct_max_rows()` rows."""
-    if not fmt.endswith("-native"):
+    if not format_name(fmt).endswith("-native"):
         return 0, 0
     from fastmode import kernels
 
@@ -138,7 +188,7 @@ def calibrate_loaded(
     if points is None:
         points = measure_interleaved(loaded, sweep, progress)
         fitted_from = (
-            f"fastmode calibrate: {loaded.name} {fmt}, batches {min(sweep.batches)}-{max(sweep.batches)}, "
+            f"fastmode calibrate: {loaded.name} {format_name(fmt)}, batches {min(sweep.batches)}-{max(sweep.batches)}, "
             f"contexts {','.join(map(str, sweep.contexts))}, chunks {','.join(map(str, sweep.chunk_sizes))}, "
             f"{torch.get_num_threads()} threads, {sweep.clock} clock"
             + (f", {sweep.rounds} rounds" if sweep.rounds > 1 else "")
@@ -154,6 +204,6 @@ def calibrate_loaded(
         points, base, spec, weight_format=fmt, kv_dtype_bytes=kv_bytes, split_tokens=split, token_tile=tile
     )
     usd = usd_per_hour if usd_per_hour is not None else base.usd_per_hour
-    cal = calibration_dict(fit, points, hardware, loaded.name, fmt, fitted_from, usd)
+    cal = calibration_dict(fit, points, hardware, loaded.name, format_name(fmt), fitted_from, usd)
     cm = CostModel(fit.apply(base), spec, tp=1, weight_format=fmt, kv_dtype_bytes=kv_bytes)
-    return CalibrationRun(points, fit, spec, fmt, cal, cm)
+    return CalibrationRun(points, fit, spec, format_name(fmt), cal, cm)

@@ -1,0 +1,71 @@
+"""The weight format calibration prices a natively run GGUF at: the bytes its layers read per
+step, by weight class, for every block type the kernels run (Q5_0, Q5_1 and the K-quants too),
+checked against the tensor sizes stored in the file itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastmode.calibrate.run import engine_model_spec, kernel_regimes, native_format
+from fastmode.kernels import ops
+from fastmode.loader import load_model
+from fastmode.planner.weight_format import FORMATS
+from tests.builders import write_gguf_from_hf
+from tests.loader.test_gguf_kquant import kquant_llama_dir, q4_k_m, write_gguf  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.skipif(ops() is None, reason="kernels unavailable")
+
+
+def file_figures(path) -> dict[str, float]:
+    """Bytes per weight of each class, from the GGUF file's own tensors."""
+    from gguf import GGUFReader
+
+    sums = {"embed": [0, 0], "attn": [0, 0], "ffn": [0, 0]}
+    for t in GGUFReader(str(path)).tensors:
+        if len(t.shape) != 2 or t.name == "token_embd.weight":  # the tied-or-not input embedding is not read whole
+            continue
+        kind = "attn" if ".attn_" in t.name else "ffn" if ".ffn_" in t.name else "embed"
+        sums[kind][0] += int(t.n_bytes)
+        sums[kind][1] += int(t.n_elements)
+    return {k: b / n for k, (b, n) in sums.items()}
+
+
+@pytest.mark.parametrize("mix", ["Q4_K_M", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_native_blocks_are_priced_at_the_file_s_sizes(kquant_llama_dir, tmp_path, mix):  # noqa: F811
+    choose = q4_k_m if mix == "Q4_K_M" else (lambda name: mix)
+    path = write_gguf(kquant_llama_dir, tmp_path / f"tiny-{mix}.gguf", choose)
+    loaded = load_model(str(path), "float32")
+    spec, fmt = engine_model_spec(loaded)
+    assert not isinstance(fmt, str) and fmt.name.endswith("-native") and fmt.compute_dtype == "fp32"
+    assert fmt.name == loaded.weight_format.lower() + "-native"
+    want = file_figures(path)
+    got = {"embed": fmt.embed_bytes_per_param, "attn": fmt.attn_bytes_per_param, "ffn": fmt.ffn_bytes_per_param}
+    assert got == pytest.approx(want, rel=1e-12)
+    if mix != "Q4_K_M":  # one type throughout: its block size
+        per, size = {"Q5_0": (32, 22), "Q5_1": (32, 24), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}[
+            mix
+        ]
+        assert set(got.values()) == {size / per}
+    assert spec.weight_bytes() == pytest.approx(
+        sum(want[k] * n for k, n in (("attn", spec.attn_params), ("ffn", spec.ffn_params)))
+        + want["embed"] * spec.embedding_params
+    )
+    assert kernel_regimes(fmt) == (int(ops().direct_max_rows()), int(ops().amx_tile_rows()))
+
+
+def test_named_and_dequantized_formats(tiny_llama_dir, tmp_path):
+    q8 = write_gguf_from_hf(tiny_llama_dir, tmp_path / "tiny-q8.gguf", "Q8_0")
+    spec, fmt = engine_model_spec(load_model(str(q8), "float32"))
+    assert fmt == "q8_0-native" and spec.default_format == fmt and fmt in FORMATS
+    spec, fmt = engine_model_spec(load_model(str(q8), "float32", weights="dequantize"))
+    assert fmt == "fp32" and native_format(load_model(str(q8), "float32", weights="dequantize").model) is None
+    assert kernel_regimes(fmt) == (0, 0)
+
+
+def test_the_planner_s_named_format_is_what_the_embedded_model_holds():
+    loaded = load_model(None, "float32")  # the embedded model: Q4_1 layers, a Q8_0 head
+    spec, fmt = engine_model_spec(loaded)
+    named, measured = FORMATS[fmt], native_format(loaded.model)
+    assert fmt == "q4_1-native" and measured.name == "q4_1+q8_0-native"
+    for field in ("embed_bytes_per_param", "attn_bytes_per_param", "ffn_bytes_per_param"):
+        assert getattr(named, field) == pytest.approx(getattr(measured, field), rel=1e-12), field
