@@ -43,7 +43,8 @@ from fastmode.server.generation import (
     resolve_max_tokens,
     sse_event,
 )
-from fastmode.server.logprobs import TokenText, chat_logprobs, completion_logprobs
+from fastmode.server.logprobs import TokenText, completion_logprobs
+from fastmode.server.openai_chat_output import ChatOutput, deltas, finish_reason, usage
 from fastmode.server.openai_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -52,19 +53,13 @@ from fastmode.server.openai_models import (
 )
 from fastmode.server.ratelimit import openai_headers
 from fastmode.server.reasoning import (
-    ReasoningParser,
     is_thinking_model,
     prompt_opens_thinking,
-    reasoning_token_count,
     with_thinking,
 )
 from fastmode.server.served_model import ServedModel
 from fastmode.server.state import ServerState, get_state, require_api_key
 from fastmode.server.tools import (
-    ArgumentsDelta,
-    CallStart,
-    TextDelta,
-    ToolCallParser,
     ToolError,
     check_tools,
     render_prompt,
@@ -94,25 +89,6 @@ def tier_fields(a: Admission) -> dict:
         "service_tier": SERVED_TIER_NAME[a.tier],
         "requested_service_tier": a.requested,
         "service_tier_fallback_reason": a.fallback_reason,
-    }
-
-
-def usage(o: RequestOutput | list[RequestOutput], reasoning_tokens: int = 0) -> dict:
-    """OpenAI's usage, plus what fastmode metered. With several choices the prompt counts
-    once and the completion tokens, cost and machine time of every choice add up;
-    `reasoning_tokens`: the completion tokens that wrote think blocks."""
-    outs = o if isinstance(o, list) else [o]
-    first = outs[0].metrics
-    prompt, completion = len(outs[0].prompt_token_ids), sum(len(x.token_ids) for x in outs)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": first.cached_tokens if first else 0},
-        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
-        "cost_usd": sum(x.metrics.cost_usd for x in outs if x.metrics),
-        "machine_seconds": sum(x.metrics.machine_s for x in outs if x.metrics),
-        "time_to_first_token_seconds": first.ttft_s if first else None,
     }
 
 
@@ -255,7 +231,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         **tier_fields(jobs[0].admission),
     }
     headers = response_headers(jobs[0].admission, rid)
-    out = _ChatOutput(model, with_tools=bool(offered), logprobs=body.num_logprobs() is not None)
+    out = ChatOutput(model, with_tools=bool(offered), logprobs=body.num_logprobs() is not None)
     if is_thinking_model(tok):
         out.reasoning_from_prompt = not forced and prompt_opens_thinking(tok, ids)
     if body.stream:
@@ -275,90 +251,7 @@ def _close(jobs: list[Job]) -> None:
         j.close()
 
 
-def _finish_reason(o: RequestOutput, calls: bool) -> str | None:
-    return "tool_calls" if calls and o.finish_reason == "stop" else o.finish_reason
-
-
-class _ChatOutput:
-    """How the generated text of each choice becomes a message, or message deltas."""
-
-    def __init__(self, model: ServedModel, with_tools: bool, logprobs: bool):
-        self.with_tools = with_tools
-        self.tokenizer = model.tokenizer
-        self.tokens = TokenText(model.tokenizer) if logprobs else None
-        # A thinking model's output: None = no think blocks; else whether the prompt opened one.
-        self.reasoning_from_prompt: bool | None = None
-
-    def parser(self) -> ToolCallParser | None:
-        return ToolCallParser("call_") if self.with_tools else None
-
-    def reasoning(self) -> ReasoningParser | None:
-        return None if self.reasoning_from_prompt is None else ReasoningParser(self.reasoning_from_prompt)
-
-    def usage(self, outs: list[RequestOutput]) -> dict:
-        """The request's usage, with the tokens of every choice's think block as reasoning tokens."""
-        counted = sum(reasoning_token_count(self.tokenizer, o.token_ids, self.reasoning_from_prompt) for o in outs)
-        return usage(outs, counted)
-
-    def logprobs(self, entries) -> dict | None:
-        if self.tokens is None:
-            return None
-        return {"content": chat_logprobs(self.tokens, entries or []), "refusal": None}
-
-    def choice(self, index: int, o: RequestOutput, logprobs: list) -> dict:
-        text, reasoning = o.text, self.reasoning()
-        message: dict = {"role": "assistant", "content": text, "refusal": None}
-        if reasoning is not None:
-            thought, text = reasoning.split(o.text)
-            message.update(content=text, reasoning_content=thought or None)
-        calls = []
-        parser = self.parser()
-        if parser is not None:
-            parser.feed(text)
-            parser.finish()
-            calls = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
-                for c in parser.calls
-            ]
-            message["content"] = parser.text or (None if calls else "")
-            if calls:
-                message["tool_calls"] = calls
-        return {
-            "index": index,
-            "message": message,
-            "logprobs": self.logprobs(logprobs),
-            "finish_reason": _finish_reason(o, bool(calls)),
-        }
-
-
-def _deltas(parser: ToolCallParser | None, text: str, final: bool) -> list[dict]:
-    """Chat deltas for a piece of generated text (and, when `final`, for what the parser held back)."""
-    events = ([TextDelta(text)] if text else []) if parser is None else parser.feed(text)
-    if final and parser is not None:
-        events += parser.finish()
-    out = []
-    for e in events:
-        if isinstance(e, TextDelta):
-            out.append({"content": e.text})
-        elif isinstance(e, CallStart):
-            out.append(
-                {
-                    "tool_calls": [
-                        {
-                            "index": e.index,
-                            "id": e.id,
-                            "type": "function",
-                            "function": {"name": e.name, "arguments": ""},
-                        }
-                    ]
-                }
-            )
-        elif isinstance(e, ArgumentsDelta):
-            out.append({"tool_calls": [{"index": e.index, "function": {"arguments": e.fragment}}]})
-    return out
-
-
-async def _chat_events(jobs: list[Job], head: dict, include_usage: bool, out: _ChatOutput) -> AsyncIterator[str]:
+async def _chat_events(jobs: list[Job], head: dict, include_usage: bool, out: ChatOutput) -> AsyncIterator[str]:
     head = {**head, "object": "chat.completion.chunk"}
     extra = {"usage": None} if include_usage else {}
     parsers = [out.parser() for _ in jobs]
@@ -385,11 +278,11 @@ async def _chat_events(jobs: list[Job], head: dict, include_usage: bool, out: _C
                     thought, text = thought + more[0], text + more[1]
                 if thought:
                     yield chunk(i, {"reasoning_content": thought})
-            for delta in _deltas(parsers[i], text, o.finished):
+            for delta in deltas(parsers[i], text, o.finished):
                 yield chunk(i, delta)
             if o.finished:
                 calls = parsers[i] is not None and bool(parsers[i].calls)
-                yield chunk(i, {}, _finish_reason(o, calls))
+                yield chunk(i, {}, finish_reason(o, calls))
     except ApiError as e:  # headers are gone: report in-band, as OpenAI does
         yield sse_event(e.body(OPENAI))
         return
