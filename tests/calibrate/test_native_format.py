@@ -69,3 +69,30 @@ def test_the_planner_s_named_format_is_what_the_embedded_model_holds():
     assert fmt == "q4_1-native" and measured.name == "q4_1+q8_0-native"
     for field in ("embed_bytes_per_param", "attn_bytes_per_param", "ffn_bytes_per_param"):
         assert getattr(named, field) == pytest.approx(getattr(measured, field), rel=1e-12), field
+
+
+def test_a_k_quant_model_calibrates_at_its_measured_format(kquant_llama_dir, tmp_path):  # noqa: F811
+    """The whole run on a Q4_K_M mix: a small real sweep, the fit, and the calibration file naming
+    the format the cost model priced the weights at."""
+    import json
+
+    from fastmode.calibrate.measure import SweepConfig
+    from fastmode.calibrate.run import calibrate_loaded
+
+    loaded = load_model(str(write_gguf(kquant_llama_dir, tmp_path / "tiny-q4_k_m.gguf", q4_k_m)), "float32")
+    sweep = SweepConfig(
+        batches=(1, 2, 4, 8, 12, 16),
+        contexts=(16,),
+        chunk_sizes=(8, 16),
+        prefill_tokens_per_size=16,
+        repeats=2,
+        warmup=1,
+        prefill_repeats=1,
+        num_threads=1,
+    )
+    run = calibrate_loaded(loaded, sweep, split_tokens=0)
+    measured = native_format(loaded.model)
+    assert run.weight_format == measured.name == run.calibration["weight_format"]
+    assert run.cost_model.fmt == measured and run.spec.weight_bytes() == run.spec.weight_bytes(measured)
+    assert run.spec.weight_bytes() < run.spec.weight_bytes("fp32") / 5  # blocks, not an fp32 copy
+    assert json.loads(json.dumps(run.calibration))["weight_format"] == measured.name
