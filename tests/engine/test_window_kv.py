@@ -326,3 +326,25 @@ def test_engine_config_splits_the_kv_budget_between_the_pools():
     assert EngineConfig().scheduler_config(per_token, 32768, model=llama) == EngineConfig().scheduler_config(
         per_token, 32768
     )
+
+
+def test_llm_serves_gemma_with_the_local_pool(tiny_gemma3_dir):
+    """Through the public API: EngineConfig sizes the local pool from the model, the runner's
+    local layers use it, and the output is transformers' and the one-pool engine's."""
+    from fastmode import LLM
+
+    llm = LLM(model=str(tiny_gemma3_dir), dtype="float32", kv_cache_gib=0.01, block_size=BS)
+    engine = llm.engine
+    bm = engine.scheduler.block_manager
+    assert isinstance(bm, WindowedBlockManager) and bm.window == WINDOW
+    assert engine.runner.kv_caches[0][0].shape[0] == bm.num_local_blocks < bm.num_blocks
+    assert engine.runner.kv_caches[5][0].shape[0] == bm.num_blocks
+    one_pool = LLM(model=str(tiny_gemma3_dir), dtype="float32", kv_cache_gib=0.01, block_size=BS, local_kv_pool=False)
+    assert type(one_pool.engine.scheduler.block_manager) is BlockManager
+    assert bm.num_blocks > one_pool.engine.scheduler_config.num_blocks  # room for longer contexts
+    params = greedy(64)
+    ours = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    assert ours == [o.token_ids for o in one_pool.generate(PROMPTS, params)]
+    _, hf = hf_logits(tiny_gemma3_dir, PROMPTS[:1])
+    assert ours[0] == hf_greedy(hf, PROMPTS[0], 64)
+    assert_all_free(engine.scheduler)

@@ -98,9 +98,8 @@ class WindowedBlockManager(BlockManager):
         end = self.blocks_for(cached_tokens + max(1, min(num_new_tokens, len(seq) - cached_tokens)))
         revived = sum(1 for b in hits if self.ref_count[b] == 0)
         revived_local = sum(1 for b in local_hits if self.local.ref_count[b] == 0)
-        fits = self.num_free_blocks - revived >= end - len(
-            hits
-        ) and self.local.num_free_blocks - revived_local >= end - len(hits)
+        new = end - len(hits)  # blocks past the cached prefix, in each pool
+        fits = self.num_free_blocks - revived >= new and self.local.num_free_blocks - revived_local >= new
         return fits, cached_tokens
 
     def admit(self, seq: Sequence) -> int:
