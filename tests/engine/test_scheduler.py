@@ -43,7 +43,7 @@ def test_policy_modules_do_not_import_torch():
     import subprocess
 
     code = (
-        "import sys; import fastmode.engine.scheduler, fastmode.engine.block_manager, "
+        "import sys; import fastmode.engine.scheduler, fastmode.engine.block_manager, fastmode.engine.window_blocks, "
         "fastmode.engine.metering, fastmode.engine.waiting_queue; assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
