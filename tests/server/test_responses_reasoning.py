@@ -345,3 +345,49 @@ def test_reasoning_token_count_on_ids(tiny_llama_dir, tiny_qwen3_dir):
     opened = llama.encode("abc\n</think>\n\nok", add_special_tokens=False)
     n = reasoning_token_count(llama, opened, True)
     assert "</think>" in llama.decode(opened[:n]) and "</think>" not in llama.decode(opened[: n - 1])
+
+
+def test_answer_logprobs_cover_the_answer_tokens_only(thinker, thinker_dir, client, reference):
+    """The message's logprobs are its tokens' (end of turn included, as without thinking), none
+    of the think block's, streamed or not."""
+    from fastmode.server.logprobs import TokenText
+
+    tt = TokenText(load_model(str(thinker_dir), "float32").tokenizer)
+    answer_ids = reference["ids"][reference["reasoning_tokens"] :]
+    want = [list(tt.bytes_of(t)) for t in answer_ids]
+    kw = body(thinker, reasoning={"effort": "high"}, include=["message.output_text.logprobs"], top_logprobs=2)
+    r = client.responses.create(**kw)
+    assert [lp.bytes for lp in r.output[1].content[0].logprobs] == want
+    assert all(len(lp.top_logprobs) == 2 for lp in r.output[1].content[0].logprobs)
+    events = sse_events(thinker, kw)
+    streamed = [lp["bytes"] for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    # End of turn writes no text, so no delta carries it: the done event's list holds every token.
+    assert streamed == want[:-1] and [lp["bytes"] for lp in done["logprobs"]] == want
+
+
+def test_output_split_assigns_each_token_s_logprobs_in_steps_of_any_size(tiny_qwen3_dir):
+    """Steps of several tokens (speculation) that close the block mid-step: the entries of the
+    tokens after `</think>` go to the answer, the rest are dropped, whatever the step sizes."""
+    from types import SimpleNamespace
+
+    from fastmode.server.reasoning import OutputSplit
+
+    tok = load_model(str(tiny_qwen3_dir), "float32").tokenizer
+    ids = tok.encode("abc", add_special_tokens=False) + [CLOSE] + tok.encode("\n\nxyz", add_special_tokens=False)
+    close = ids.index(CLOSE)
+    for sizes in ([1] * len(ids), [len(ids)], [close, len(ids) - close], [close + 2, len(ids) - close - 2]):
+        split, at, got, thought, text = OutputSplit(tok, True), 0, [], "", ""
+        for n in sizes:
+            step = ids[at : at + n]
+            o = SimpleNamespace(
+                delta_text=tok.decode(ids[: at + n])[len(tok.decode(ids[:at])) :],
+                delta_logprobs=[("lp", t) for t in step],
+                token_ids=ids[: at + n],
+                finished=at + n == len(ids),
+            )
+            r, c, entries = split.step(o)
+            thought, text, got = thought + r, text + c, got + entries
+            at += n
+        assert (thought, text) == (tok.decode(ids[:close]), "xyz"), sizes
+        assert got == [("lp", t) for t in ids[close + 1 :]] and split.reasoning_tokens == close + 1, sizes

@@ -164,3 +164,35 @@ class ReasoningParser:
         r1, c1 = self.feed(text)
         r2, c2 = self.finish()
         return r1 + r2, c1 + c2
+
+
+class OutputSplit:
+    """A thinking model's output as the engine streams it: per step, the reasoning and answer
+    text (`ReasoningParser`) and the logprob entries of the step's answer tokens. Which tokens
+    wrote the think block is known on the token ids once the block is over
+    (`reasoning_token_count`); until then the entries wait, and those of the block are dropped."""
+
+    def __init__(self, tok: Tokenizer, opened: bool):
+        self.parser = ReasoningParser(opened)
+        self.tok, self.opened = tok, opened
+        self.reasoning_tokens: int | None = None  # once the block is over
+        self._held: list[tuple[int, object]] = []  # (output token index, logprob entry)
+        self._seen = 0  # output tokens whose entries came so far
+
+    def step(self, o) -> tuple[str, str, list]:
+        """(reasoning, answer text, the answer tokens' logprob entries) of one engine output."""
+        thought, text = self.parser.feed(o.delta_text)
+        if o.finished:
+            more = self.parser.finish()
+            thought, text = thought + more[0], text + more[1]
+        entries = list(getattr(o, "delta_logprobs", None) or ())
+        self._held += [(self._seen + i, e) for i, e in enumerate(entries)]
+        self._seen += len(entries)
+        over = self.parser.state == "content" or (o.finished and self.parser.state == "start")
+        if self.reasoning_tokens is None and over:
+            self.reasoning_tokens = reasoning_token_count(self.tok, o.token_ids, self.opened)
+        if self.reasoning_tokens is None:
+            return thought, text, []
+        answer = [e for i, e in self._held if i >= self.reasoning_tokens]
+        self._held = []
+        return thought, text, answer

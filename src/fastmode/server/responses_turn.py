@@ -27,7 +27,7 @@ from fastmode.server.errors import OPENAI, ApiError
 from fastmode.server.generation import stop_details
 from fastmode.server.logprobs import TokenText, chat_logprobs
 from fastmode.server.openai_api import tier_fields
-from fastmode.server.reasoning import ReasoningParser, reasoning_token_count
+from fastmode.server.reasoning import OutputSplit, reasoning_token_count
 from fastmode.server.responses_events import OutputBuilder
 from fastmode.server.responses_prepare import PreparedTurn
 from fastmode.server.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolCallParser
@@ -144,7 +144,7 @@ class ResponseRun:
         # otherwise the parsers decide what is reasoning, text and a call, and items open as they say.
         parser = ToolCallParser("call_") if self.p.calls_possible else None
         opens = self.p.reasoning_from_prompt
-        thinking = ReasoningParser(opens) if opens is not None else None
+        thinking = OutputSplit(tok, opens) if opens is not None else None
         token_text = TokenText(tok) if job.params.logprobs is not None else None
         if parser is None and thinking is None:
             for event in out.open_message():
@@ -152,17 +152,11 @@ class ResponseRun:
         try:
             async with aclosing(job.outputs()) as outs:
                 async for o in outs:
-                    logprobs = chat_logprobs(token_text, o.delta_logprobs or ()) if token_text is not None else None
-                    text, events = o.delta_text, []
-                    if thinking is not None:
-                        # Tokens of the think block (and of its closing) carry no logprobs to the answer.
-                        in_answer = thinking.state == "content" and not thinking.strip_newlines
-                        thought, text = thinking.feed(text)
-                        if o.finished:
-                            more = thinking.finish()
-                            thought, text = thought + more[0], text + more[1]
+                    text, entries, events = o.delta_text, o.delta_logprobs or (), []
+                    if thinking is not None:  # the think block's tokens carry no logprobs to the answer
+                        thought, text, entries = thinking.step(o)
                         events += out.reasoning(thought)
-                        logprobs = logprobs if in_answer else None
+                    logprobs = chat_logprobs(token_text, entries) if token_text is not None else None
                     if parser is None:
                         events += out.text(text, logprobs)
                     else:
