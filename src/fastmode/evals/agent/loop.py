@@ -3,8 +3,8 @@
 Each turn sends the whole conversation with the task's tools, `tool_choice`
 "required" (every step is a call; the last one is `answer`) and one call per
 turn, reads the call from `choices[0].message.tool_calls`, runs it in the
-sandbox and sends the observation back as a `tool` message. One worked
-errand (`DEMONSTRATION`) comes before the task. The run ends at the `answer`
+sandbox and sends the observation back as a `tool` message. Three worked
+errands (`DEMONSTRATION`) come before the task. The run ends at the `answer`
 call, when a turn brings no call back (cut off by the token limit), when the
 agent makes the same call twice in a row (it is stuck: the world answers the
 same again), or after the reference's length plus `extra_turns` calls.
@@ -40,40 +40,61 @@ SYSTEM_PROMPT = (
     "You do tasks by calling tools, one call at a time. Use the exact values the tools return. "
     "When the task is done, call answer."
 )
-# One worked errand shown before the task, as earlier turns of the conversation: a 135M
-# model follows a shown pattern (call, read the result, use it in the next call) far more
-# often than a described one. Its names and values occur in no task.
-DEMONSTRATION: list[dict] = [
-    {
-        "role": "user",
-        "content": "The file docs/note.txt holds the name of a key. Read the file, get that key, "
-        "then call answer with its value.",
-    },
-    *(
-        m
-        for i, (name, args, result) in enumerate(
-            [("read_file", {"path": "docs/note.txt"}, "sun"), ("get", {"key": "sun"}, "17")]
-        )
-        for m in (
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {"id": f"demo_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
-                ],
-            },
-            {"role": "tool", "tool_call_id": f"demo_{i}", "content": result},
-        )
+# Worked errands shown before the task, as earlier turns of the conversation: a 135M model
+# follows a shown pattern (call, read the result, use it in the next call) far more often
+# than a described one. Each shows one way a result feeds the next call: a file naming a
+# key, a number computed on and stored, a chain of keys followed to its end. Their key and file
+# names occur in no task. An errand ends at its answer call, with no result after it,
+# as a real run does.
+DEMO_ERRANDS: tuple[tuple[str, tuple[tuple[str, dict, str | None], ...]], ...] = (
+    (
+        "Call read_file with the path docs/note.txt; it returns the name of a key. Call get with that key. "
+        "Then call answer with the value get returns.",
+        (
+            ("read_file", {"path": "docs/note.txt"}, "sun"),
+            ("get", {"key": "sun"}, "17"),
+            ("answer", {"value": "17"}, None),
+        ),
     ),
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": "demo_2", "type": "function", "function": {"name": "answer", "arguments": '{"value": "17"}'}}
-        ],
-    },
-    {"role": "tool", "tool_call_id": "demo_2", "content": "17"},
-]
+    (
+        "Call get with the key width. Call multiply with that value and 3. Call put with the key area and the "
+        "product. Then call answer with the product.",
+        (
+            ("get", {"key": "width"}, "12"),
+            ("multiply", {"a": 12, "b": 3}, "36"),
+            ("put", {"key": "area", "value": "36"}, "36"),
+            ("answer", {"value": "36"}, None),
+        ),
+    ),
+    (
+        "Call get with the key moon. While get returns a word, call get with that word. When get returns a "
+        "number, stop getting. Then call answer with that number.",
+        (
+            ("get", {"key": "moon"}, "star"),
+            ("get", {"key": "star"}, "sky"),
+            ("get", {"key": "sky"}, "rain"),
+            ("get", {"key": "rain"}, "8"),
+            ("answer", {"value": "8"}, None),
+        ),
+    ),
+)
+
+
+def demonstration(errands=DEMO_ERRANDS) -> list[dict]:
+    """The errands as Chat Completions messages: a user turn, then each call and its result."""
+    messages: list[dict] = []
+    for prompt, calls in errands:
+        messages.append({"role": "user", "content": prompt})
+        for name, args, result in calls:
+            call_id = f"demo_{len(messages)}"
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            if result is not None:
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+    return messages
+
+
+DEMONSTRATION: list[dict] = demonstration()
 MAX_TOKENS_PER_TURN = 128  # a call is 15-40 tokens; two strings at their 48-character bound stay under it
 
 
