@@ -52,3 +52,11 @@ def test_student_shares_embeddings_and_owns_only_layers_and_norm(tiny_teacher):
     assert all(p.requires_grad for p in own_parameters(student))
     assert not any(p.requires_grad for p in t.parameters())  # the teacher stays frozen
     assert set(own_state(student)) == {k for k in student.state_dict() if k.startswith(("layers.", "norm."))}
+
+
+def test_training_forward_refuses_windows_past_the_models_positions(tiny_teacher):
+    from fastmode.distill.forward import causal_hidden
+
+    limit = tiny_teacher.model.rotary.max_positions
+    with pytest.raises(ValueError, match=f"exceeds the model's {limit} positions"):
+        causal_hidden(tiny_teacher.model, torch.zeros(1, limit + 1, dtype=torch.long))

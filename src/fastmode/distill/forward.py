@@ -54,8 +54,9 @@ def check_supported(cfg: ModelConfig) -> None:
 
 def rope_tables(model: LlamaModel, t: int) -> Rope:
     """RoPE cos/sin for positions 0..t-1, shaped (T, 1, hd/2) to broadcast over (B, T, heads, hd)."""
-    if t > model.rotary.cos.shape[0]:
-        raise ValueError(f"sequence of {t} tokens exceeds the model's {model.rotary.cos.shape[0]} positions")
+    if t > model.rotary.max_positions:
+        raise ValueError(f"sequence of {t} tokens exceeds the model's {model.rotary.max_positions} positions")
+    model.rotary.reserve(t)  # the tables grow on demand
     return model.rotary.cos[:t].unsqueeze(1), model.rotary.sin[:t].unsqueeze(1)
 
 
