@@ -171,3 +171,26 @@ def test_filters_and_bad_files(tmp_path):
     bad.write_text(json.dumps(row) + "\n" + json.dumps(row) + "\n")
     with pytest.raises(ValueError, match="duplicate"):
         load_agent_tasks(bad)
+
+
+def test_worked_errands_are_what_the_sandbox_answers_and_use_no_task_name():
+    """Each result shown in the loop's worked errands is what the sandbox returns for that call
+    (so the errands teach the real tools), and no errand key or file name occurs in a task."""
+    from fastmode.evals.agent.loop import DEMO_ERRANDS, DEMONSTRATION
+
+    world = World(
+        files={"docs/note.txt": "sun"},
+        kv={"sun": "17", "width": "12", "moon": "star", "star": "sky", "sky": "rain", "rain": "8"},
+    )
+    names = set()
+    for _, calls in DEMO_ERRANDS:
+        assert calls[-1][0] == "answer" and calls[-1][2] is None  # an errand ends at its answer, no result after
+        for name, args, result in calls[:-1]:
+            obs = world.call(name, args)
+            assert obs.ok and obs.text == result
+            names.update(str(v) for k, v in args.items() if k in ("key", "path"))
+    task_names = {k for t in TASKS for k in t.world["kv"]} | {p for t in TASKS for p in t.world["files"]}
+    task_names |= {str(c.arguments.get(k)) for t in TASKS for c in t.reference for k in ("key", "path")}
+    assert names and not names & task_names
+    assert sum(m["role"] == "user" for m in DEMONSTRATION) == len(DEMO_ERRANDS)
+    assert sum(m["role"] == "assistant" for m in DEMONSTRATION) == sum(len(c) for _, c in DEMO_ERRANDS)
