@@ -10,11 +10,13 @@ import sys
 import pytest
 
 from fastmode import LLM, SamplingParams
+from fastmode.engine.scheduler import ScheduledSeq, SchedulerOutput
+from fastmode.engine.sequence import Sequence
 from fastmode.speculative.ngram import NgramIndex, propose_ngram
 from fastmode.speculative.ngram_policy import PRIOR, AcceptanceByMatch, LookupConfig, LookupPolicy, match_class
-from fastmode.speculative.policy import SpecConfig, SpecPolicy
+from fastmode.speculative.policy import DraftReport, SpecConfig, SpecPolicy
 from fastmode.speculative.step_curve import StepCurve
-from fastmode.speculative.step_timing import row_counts
+from fastmode.speculative.step_timing import step_shapes
 
 
 def test_speculation_policy_modules_do_not_import_torch():
@@ -134,10 +136,42 @@ def test_policy_prices_from_measured_steps_once_two_row_counts_are_known():
     assert pol.verify_cost(1, 6) == pytest.approx(2.5)
 
 
-def test_row_counts_cover_what_the_policy_asks_about():
-    rows = row_counts(max_batch=4, max_draft_tokens=6)
-    assert rows[:8] == list(range(1, 9)) and rows[-1] == 28 and rows == sorted(set(rows))
-    assert row_counts(1, 6) == list(range(1, 8))
+def test_policy_prices_a_plain_step_from_plain_steps_and_drafts_from_verifications():
+    """At 4 sequences the fused decode step of 4 rows is cheaper than a 4-row verification:
+    pricing drafts against the verification would make them look cheaper than they are."""
+    pol = SpecPolicy(SpecConfig())
+    pol.seed_steps({(False, 1): 0.011, (False, 4): 0.0165, (True, 2): 0.0129, (True, 4): 0.0192, (True, 8): 0.0268})
+    assert pol.step_seconds(4, verify=False) == pytest.approx(0.0165)
+    assert pol.step_seconds(4) == pytest.approx(0.0192)
+    assert pol.verify_cost(4, 1) == pytest.approx(0.0268 / 0.0165)
+    assert pol.verify_cost(1, 1) == pytest.approx(0.0129 / 0.011)
+    assert pol.step_seconds(3, verify=False) == pytest.approx(0.011 + 2 * (0.0165 - 0.011) / 3)
+    # Steps observed while serving keep each kind current: the machine gets 2x slower, and
+    # plain one-sequence steps (the reference shape) show it to every estimate.
+    for _ in range(50):
+        pol.update_from_output(_decode_only(1), 0.022, DraftReport())
+    assert pol.step_seconds(1, verify=False) == pytest.approx(0.022, rel=0.02)
+    assert pol.step_seconds(8) == pytest.approx(2 * 0.0268, rel=0.02)  # carried to the verifications
+    # Seen only at another shape, the change is shared between the machine's speed and that
+    # shape's relative cost: the verifications still move, part of the way.
+    for _ in range(50):
+        pol.update_from_output(_decode_only(4), 2 * 0.033, DraftReport())
+    assert pol.step_seconds(4, verify=False) == pytest.approx(0.066, rel=0.05)
+    assert pol.step_seconds(8) > 1.3 * 2 * 0.0268
+
+
+def _decode_only(batch: int) -> SchedulerOutput:
+    seqs = [Sequence(f"d{i}", [1, 2, 3], SamplingParams(max_tokens=10)) for i in range(batch)]
+    return SchedulerOutput(step=0, scheduled=[ScheduledSeq(s, 1, 0) for s in seqs])
+
+
+def test_step_shapes_cover_what_the_policy_asks_about():
+    shapes = step_shapes(max_batch=4, max_draft_tokens=6)
+    plain = [r for v, r in shapes if not v]
+    verify = [r for v, r in shapes if v]
+    assert plain == [1, 2, 3, 4]
+    assert verify[:7] == list(range(2, 9)) and verify[-1] == 28 and verify == sorted(set(verify))
+    assert step_shapes(1, 6) == [(False, 1)] + [(True, r) for r in range(2, 8)]
 
 
 # ---------------------------------------------------------------- per request, with real drafts
@@ -226,9 +260,10 @@ def fast_llm(tiny_llama_dir):
 def test_engine_measures_its_step_curve_at_start_up(fast_llm, tiny_llama_dir):
     pol = fast_llm.engine.spec
     assert pol.steps.ready
-    measured = pol.steps.measured()
     cfg = fast_llm.engine.config.speculation
-    assert set(row_counts(cfg.max_batch, cfg.max_draft_tokens)) <= set(measured)
+    shapes = step_shapes(cfg.max_batch, cfg.max_draft_tokens)
+    assert set(pol.steps.measured(verify=False)) == {r for v, r in shapes if not v}
+    assert set(pol.steps.measured(verify=True)) == {r for v, r in shapes if v}
     bm = fast_llm.engine.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks  # the timing steps gave their blocks back
     off = LLM(model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.01, speculative="off")

@@ -8,11 +8,12 @@ request a ledger of what its drafts actually paid (`LookupState`).
 
 - **Per step**, for the batch as a whole: draft token j of a sequence is worth
   p_j = a(m) a(m+1) ... a(m+j-1) expected tokens (all before it must be accepted; a
-  draft accepted at match length m leaves a match of m+1). Adding n draft rows to a step
-  of B decoding sequences turns its time T(B) into T(B+n), from this machine's measured
-  step curve (`StepCurve`). The policy takes the draft tokens in order of p and keeps the
-  n that maximises (B + sum of p) / T(B+n); it drafts only if that beats the plain
-  step's B / T(B) by `min_gain`. So one sequence's drafts are priced with the time they
+  draft accepted at match length m leaves a match of m+1). Adding n draft rows to a plain
+  step of B decoding sequences, time T(B), makes it a verify step, time V(B+n), both from
+  this machine's measured step curve (`StepCurve`; the two kinds run different kernels).
+  The policy takes the draft tokens in order of p and keeps the n that maximises
+  (B + sum of p) / V(B+n); it drafts only if that beats the plain step's B / T(B) by
+  `min_gain`. So one sequence's drafts are priced with the time they
   cost every other sequence of the step, and a curve that steepens at some row count
   (where the matmul kernels change path) shows up as fewer draft rows.
 - **Per request**: after each verify step the request is charged what its draft rows
@@ -123,9 +124,11 @@ class LookupConfig:
 class LookupPolicy:
     """Plans each step's n-gram drafts (`plan`) and learns from their verification (`observe`)."""
 
-    def __init__(self, config: LookupConfig, step_s: Callable[[int], float]):
+    def __init__(self, config: LookupConfig, step_s: Callable[..., float]):
         self.config = config
-        self.step_s = step_s  # estimated seconds of a decode/verify step of so many rows
+        # Estimated seconds of a step of so many rows: step_s(rows, verify=False) for plain
+        # decodes, step_s(rows) for a step that verifies drafts.
+        self.step_s = step_s
         self.acceptance = AcceptanceByMatch()
         self.states: dict[str, LookupState] = {}
         self._unexplored = 0  # steps since the last draft with a lookup available
@@ -163,7 +166,7 @@ class LookupPolicy:
         if items:
             items.sort(key=lambda it: -it[0])
             base = max(batch, 1)
-            t_base = self.step_s(base)
+            t_base = self.step_s(base, verify=False)
             best_n, best_rate = 0, cfg.min_gain * self.margin.get(base, 1.0) * base / t_base
             tokens = float(base)
             for n, (p, _) in enumerate(items, 1):
@@ -180,7 +183,7 @@ class LookupPolicy:
                 for _, i in items[:best_n]:
                     ks[i] += 1
                 # What each draft row costs the step, in tokens of the whole batch.
-                per_row = base * (self.step_s(base + best_n) / t_base - 1.0) / best_n
+                per_row = base * max(self.step_s(base + best_n) / t_base - 1.0, 0.0) / best_n
                 for i, k in enumerate(ks):
                     if k:
                         self.state(requests[i][0]).pending = (lookups[i].match_len, per_row)  # type: ignore[union-attr]

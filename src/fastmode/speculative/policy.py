@@ -6,17 +6,19 @@
 - Per step: off when more than `max_batch` sequences decode together: once the
   step is compute-bound, verifying k+1 tokens per sequence costs about k+1
   steps and speculation loses (the threshold comes from `fastmode calibrate`).
-- What a step costs: `step_seconds(rows)`, from this machine's step curve
+- What a step costs: `step_seconds(rows, verify)`, from this machine's step curve
   (`StepCurve`), which the engine measures at start-up (`step_timing.py`) and
-  keeps current with every decode/verify step it runs.
+  keeps current with every decode/verify step it runs. A plain step of B decodes
+  and a step verifying drafts beside them run different paths, so each is priced
+  from its own kind of step.
 - n-gram drafts (`ngram_policy.py`): planned for the whole step from each lookup's
   match length, with a per-request ledger that switches drafting off for a request
   whose drafts do not pay.
 - Draft-model drafts, per sequence: k maximises the expected speed-up E[tokens](k) / (V(k) + k d)
   for the sequence's measured acceptance a (an exponential moving average).
   V(k) is what verifying k drafts per sequence costs relative to a plain step:
-  the engine's measured step time at B(k+1) rows over that at B rows, B the
-  sequences decoding together (`step_seconds`). d is the draft model's measured
+  the engine's measured verify step at B(k+1) rows over its plain step of B
+  decodes, B the sequences decoding together (`step_seconds`). d is the draft model's measured
   cost per round relative to a step. If no k gains `min_gain`, the sequence does not
   speculate, except for a one-token probe every `probe_every` steps that keeps
   its acceptance estimate current (the interval doubles after every probe that
@@ -142,20 +144,22 @@ class SpecPolicy:
     def enabled_for_step(self, num_decoding: int) -> bool:
         return num_decoding <= self.config.max_batch
 
-    def observe_step(self, rows: int, seconds: float) -> None:
-        """A step that computed `rows` decode/verify rows (no prompt chunk) took `seconds`."""
-        self.steps.observe(rows, seconds)
+    def observe_step(self, rows: int, seconds: float, verify: bool = True) -> None:
+        """A step that computed `rows` rows (no prompt chunk) took `seconds`: plain decodes
+        (`verify` False) or with drafts verified among them."""
+        self.steps.observe(rows, seconds, verify)
 
-    def step_seconds(self, rows: int) -> float:
-        """A decode/verify step of `rows` rows: measured seconds once the curve has two row
-        counts; before that, the prior in units of a one-row step (only ratios are used)."""
+    def step_seconds(self, rows: int, verify: bool = True) -> float:
+        """A step of `rows` rows, plain decodes or verifying drafts: measured seconds once the
+        curve has two points; before that, the prior in units of a one-row step (only ratios
+        are used)."""
         if self.steps.ready:
-            return self.steps.seconds(rows)  # type: ignore[return-value]
+            return self.steps.seconds(rows, verify)  # type: ignore[return-value]
         return 1.0 + self.config.verify_cost * (max(rows, 1) - 1)
 
     def verify_cost(self, batch: int, k: int) -> float:
-        """A step where `batch` sequences each verify k drafts, relative to a plain step."""
-        return max(self.step_seconds(batch * (k + 1)) / self.step_seconds(batch), 1.0)
+        """A step where `batch` sequences each verify k drafts, relative to their plain step."""
+        return max(self.step_seconds(batch * (k + 1)) / self.step_seconds(batch, verify=False), 1.0)
 
     def draft_ngrams(self, seqs: list[Sequence], batch: int) -> list[list[int]]:
         """Prompt-lookup drafts for `seqs` at a step where `batch` sequences decode (see ngram_policy)."""
@@ -233,12 +237,12 @@ class SpecPolicy:
         if drafting.round_s is not None:
             self.observe_draft_cost(drafting.round_s, step_s)
         if drafting.catch_up is not None:  # priced against a plain step at this batch where one was measured
-            plain_s = self.steps.seconds(drafting.batch) or step_s
+            plain_s = self.steps.seconds(drafting.batch, verify=False) or step_s
             self.observe_catch_up(*drafting.catch_up, plain_s)
         if all(s.num_tokens - s.num_draft_tokens == 1 for s in out.scheduled):
-            self.observe_step(sum(s.num_tokens for s in out.scheduled), step_s)
-            emitted = sum(1 + s.num_accepted_drafts for s in out.scheduled)
             drafted = any(s.num_draft_tokens for s in out.scheduled)
+            self.observe_step(sum(s.num_tokens for s in out.scheduled), step_s, drafted)
+            emitted = sum(1 + s.num_accepted_drafts for s in out.scheduled)
             self.lookup.observe_step(len(out.scheduled), drafted, emitted, step_s)
         for s in out.scheduled:
             if s.num_draft_tokens:
@@ -257,10 +261,12 @@ class SpecPolicy:
         self.method_acceptance[method] = (1 - w) * self.method_acceptance.get(method, 0.7) + w * rate
         self.stats.record(seq.tier.value, proposed, accepted)
 
-    def seed_steps(self, seconds_by_rows: dict[int, float]) -> None:
-        """Step times measured before serving (`step_timing.measure_step_curve`)."""
-        for rows, seconds in sorted(seconds_by_rows.items()):
-            self.steps.observe(rows, seconds)
+    def seed_steps(self, seconds: dict[int, float] | dict[tuple[bool, int], float]) -> None:
+        """Step times measured before serving (`step_timing.measure_step_curve`): by (verifies
+        drafts, rows), plain decodes first; or by rows alone, every one taken as a verification."""
+        shapes = {(k if isinstance(k, tuple) else (True, k)): t for k, t in seconds.items()}
+        for (verify, rows), t in sorted(shapes.items()):
+            self.steps.observe(rows, t, verify)
 
     def forget(self, request_id: str) -> None:
         self.states.pop(request_id, None)
