@@ -156,7 +156,7 @@ class LLMEngine:
         self.kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, self.loaded.dtype)
         dtype_bytes = torch.finfo(self.kv_dtype).bits // 8
         self.scheduler_config = config.scheduler_config(
-            mcfg.kv_bytes_per_token(dtype_bytes), mcfg.max_position_embeddings
+            mcfg.kv_bytes_per_token(dtype_bytes), mcfg.max_position_embeddings, model=mcfg
         )
         self.scheduler = Scheduler(self.scheduler_config, self.tokenizer.eos_token_ids)
         self.runner = ModelRunner(
@@ -165,6 +165,7 @@ class LLMEngine:
             self.scheduler_config.block_size,
             self.kv_dtype,
             pack_weights=config.load.pack_weights,
+            num_local_blocks=self.scheduler_config.num_local_blocks,
         )
         self.spec = SpecPolicy(config.speculation)
         self.drafter = self._load_drafter(config.load.draft_model) if config.load.draft_model else None
@@ -275,10 +276,10 @@ class LLMEngine:
         """Seed the speculation policy's step curve with this machine's step times."""
         from fastmode.env import cache_dir
         from fastmode.kernels import cpu_flags, select_isa
-        from fastmode.speculative.step_timing import cached_step_curve, measure_step_curve, row_counts
+        from fastmode.speculative.step_timing import cached_step_curve, measure_step_curve, step_shapes
 
         cfg = self.config.speculation
-        rows = row_counts(min(cfg.max_batch, self.scheduler_config.max_num_seqs), cfg.max_draft_tokens)
+        shapes = step_shapes(min(cfg.max_batch, self.scheduler_config.max_num_seqs), cfg.max_draft_tokens)
         loaded = self.loaded
         try:
             stat = loaded.path.stat()
@@ -298,11 +299,11 @@ class LLMEngine:
         }
         t0 = time.perf_counter()
         measured, cached = cached_step_curve(
-            cache_dir(), parts, rows, lambda r: measure_step_curve(self.runner, self.scheduler.block_manager, r)
+            cache_dir(), parts, shapes, lambda s: measure_step_curve(self.runner, self.scheduler.block_manager, s)
         )
         self.spec.seed_steps(measured)
         how = "read from the cache" if cached else f"measured in {time.perf_counter() - t0:.2f} s"
-        log.info("step times at %s rows %s", ",".join(map(str, measured)), how)
+        log.info("times of %d decode and verify step shapes %s", len(measured), how)
 
     def _propose_drafts(self) -> DraftReport:
         """Give decoding sequences draft tokens where the policy says speculation pays; report
