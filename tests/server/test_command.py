@@ -174,3 +174,37 @@ def test_generate_and_chat_flags_come_from_the_same_dataclasses():
     assert (chat.temperature, chat.max_tokens, chat.stop) == (0.0, 128, ())  # greedy and short on the command line
     with pytest.raises(SystemExit):  # the one list of dtypes gives the choices
         build_parser().parse_args(["generate", "hi", "--dtype", "float64"])
+
+
+def test_ctrl_c_stops_the_server_cleanly(tiny_llama_dir):
+    """SIGINT (Ctrl-C) shuts `fastmode serve` down and exits 130 without a traceback."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "fastmode.cli", "serve", "--model", str(tiny_llama_dir), "--port", str(port)]
+    cmd += ["--speculative", "off", "--kv-cache-gib", "0.01", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            pytest.fail("the server did not come up")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err

@@ -121,5 +121,8 @@ def run(args: argparse.Namespace) -> int:
 
     # The app drains itself first (server/shutdown.py); uvicorn's own wait comes after, with little left.
     config = uvicorn_config(app, server_config, log_level=args.log_level, timeout_graceful_shutdown=5)
-    DrainingServer(config, app.state.fastmode, server_config.drain_timeout_s).run()
+    try:
+        DrainingServer(config, app.state.fastmode, server_config.drain_timeout_s).run()
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down and re-raised the signal
+        return 130
     return 0
