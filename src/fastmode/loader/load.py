@@ -110,7 +110,7 @@ def load_model(
     directory, or a Spark ("spark", "SmolLM2-135M-Instruct-spark", or a Spark
     export path), which is rebuilt on the default model it was distilled from.
 
-    `weights="native"` runs a GGUF file's Q4_0/Q4_1/Q8_0 weights as stored,
+    `weights="native"` runs a GGUF file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights as stored,
     with fastmode's kernels (CPU; blocks dequantized in registers, fp32
     activations); other tensors and formats are dequantized at load.
     `"native-int8"` quantizes activations to int8 per 32 values, llama.cpp's
