@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 
@@ -33,7 +34,20 @@ def machine() -> dict:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
+        "commit": code_commit(),
     }
+
+
+def code_commit() -> str:
+    """The commit the measured code is at: the short hash, with "+changes" when src/ differs from it."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=root, capture_output=True, text=True)
+    except OSError:
+        return "?"
+    commit = head.stdout.strip() or "?"
+    return commit + ("+changes" if dirty.stdout.strip() else "")
 
 
 def pct(values: list[float], q: float) -> float | None:

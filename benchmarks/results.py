@@ -96,12 +96,15 @@ def run(name: str, cmd: list[str], timeout_s: float) -> dict:
 
 
 def _load(path: Path) -> dict | None:
-    """A benchmark's JSON, with `_when`: the day it was written (a row from an earlier invocation says so)."""
+    """A benchmark's JSON, with `_when`: when it was written and the commit it measured (a row from an
+    earlier invocation says so)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    data["_when"] = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
+    commit = (data.get("machine") or {}).get("commit")
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
+    data["_when"] = f"{when}, commit {commit}" if commit else f"{when}, commit not recorded"
     return data
 
 
@@ -303,7 +306,8 @@ def render(args: argparse.Namespace, ran: dict[str, dict]) -> tuple[str, str]:
         (
             f"Written by `{_cmd(shlex.join([sys.executable, 'benchmarks/results.py', *args.argv]))}` on "
             f"{time.strftime('%Y-%m-%d')} at commit {commit}. Every row comes from the run of the command beside it, "
-            "with the peer measured in that same run; nothing here is kept from older machines or older code."
+            "with the peer measured in that same run, and names when it ran and the commit it measured; "
+            "nothing here is kept from older machines."
         ),
         "",
         f"Machine: {cpu_line(cpu)}.",
