@@ -96,3 +96,32 @@ def test_a_k_quant_model_calibrates_at_its_measured_format(kquant_llama_dir, tmp
     assert run.cost_model.fmt == measured and run.spec.weight_bytes() == run.spec.weight_bytes(measured)
     assert run.spec.weight_bytes() < run.spec.weight_bytes("fp32") / 5  # blocks, not an fp32 copy
     assert json.loads(json.dumps(run.calibration))["weight_format"] == measured.name
+
+
+def test_a_calibration_file_keeps_an_unnamed_format_for_the_simulator(kquant_llama_dir, tmp_path, capsys):  # noqa: F811
+    """A mix of block types has no name in the planner's catalog: the calibration file stores its
+    per-class figures, and `fastmode simulate --calibration` prices the weights with them."""
+    import json
+
+    from fastmode.calibrate.calibration_file import calibration_dict
+    from fastmode.calibrate.fit import FitResult
+    from fastmode.cli import main
+    from fastmode.planner.weight_format import FORMATS, format_from_calibration
+
+    loaded = load_model(str(write_gguf(kquant_llama_dir, tmp_path / "tiny-q4_k_m.gguf", q4_k_m)), "float32")
+    fmt = native_format(loaded.model)
+    assert fmt.name not in FORMATS
+    fit = FitResult(20.0, 0.5, 0.001, 0.0, 0.0, 0.0, rel_errors=())
+    cal = json.loads(json.dumps(calibration_dict(fit, [], "local", loaded.name, fmt, "test")))
+    back = format_from_calibration(cal)
+    assert (back.name, back.embed_bytes_per_param, back.attn_bytes_per_param, back.ffn_bytes_per_param) == (
+        fmt.name,
+        fmt.embed_bytes_per_param,
+        fmt.attn_bytes_per_param,
+        fmt.ffn_bytes_per_param,
+    )
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(cal))
+    args = ["simulate", "--model", "smollm2-135m", "--hardware", "local", "--calibration", str(path)]
+    assert main(args + ["--num-requests", "20", "--rate", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["weight_format"] == fmt.name

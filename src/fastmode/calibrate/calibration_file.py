@@ -16,6 +16,7 @@ from fastmode.calibrate.fit import FitResult
 from fastmode.calibrate.points import StepPoint
 from fastmode.planner.catalog import load_hardware
 from fastmode.planner.hardware import Calibration
+from fastmode.planner.weight_format import FORMATS, WeightFormat, format_to_json
 
 DEFAULT_PATH = Path("~/.cache/fastmode/calibration-local.json")
 
@@ -25,7 +26,7 @@ def calibration_dict(
     points: list[StepPoint],
     hardware: str,
     model: str,
-    weight_format: str,
+    weight_format: str | WeightFormat,
     fitted_from: str,
     usd_per_hour: float | None = None,
     notes: str = "",
@@ -38,7 +39,12 @@ def calibration_dict(
             "fitted_from": fitted_from,
             "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "model": model,
-            "weight_format": weight_format,
+            "weight_format": weight_format if isinstance(weight_format, str) else weight_format.name,
+            **(
+                {"weight_format_figures": format_to_json(weight_format)}
+                if isinstance(weight_format, WeightFormat) and weight_format.name not in FORMATS
+                else {}
+            ),
             "notes": notes
             or (
                 f"least-squares fit over {len(points) - len(fit.excluded)} of {len(points)} points "

@@ -204,6 +204,6 @@ def calibrate_loaded(
         points, base, spec, weight_format=fmt, kv_dtype_bytes=kv_bytes, split_tokens=split, token_tile=tile
     )
     usd = usd_per_hour if usd_per_hour is not None else base.usd_per_hour
-    cal = calibration_dict(fit, points, hardware, loaded.name, format_name(fmt), fitted_from, usd)
+    cal = calibration_dict(fit, points, hardware, loaded.name, fmt, fitted_from, usd)
     cm = CostModel(fit.apply(base), spec, tp=1, weight_format=fmt, kv_dtype_bytes=kv_bytes)
     return CalibrationRun(points, fit, spec, format_name(fmt), cal, cm)

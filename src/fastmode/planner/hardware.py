@@ -191,6 +191,7 @@ CALIBRATION_INFO_KEYS = (
     "created",
     "model",
     "weight_format",
+    "weight_format_figures",  # a format the catalog does not name: its bytes per parameter by class
     "notes",
     "points",
     "speculative_max_batch",

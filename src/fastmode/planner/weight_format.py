@@ -83,6 +83,26 @@ FORMATS: dict[str, WeightFormat] = {
 }
 
 
+def format_to_json(fmt: WeightFormat) -> dict:
+    """A format as a calibration file stores it, so one the catalog does not name (a measured mix
+    of GGUF block types) can be read back."""
+    return {
+        "name": fmt.name,
+        "embed_bytes_per_param": fmt.embed_bytes_per_param,
+        "attn_bytes_per_param": fmt.attn_bytes_per_param,
+        "ffn_bytes_per_param": fmt.ffn_bytes_per_param,
+        "compute_dtype": fmt.compute_dtype,
+    }
+
+
+def format_from_calibration(cal: dict) -> str | WeightFormat | None:
+    """The weight format a calibration file records: its stored figures where it has them, else its name."""
+    figures = cal.get("weight_format_figures")
+    if isinstance(figures, dict):
+        return WeightFormat(**figures, note="as the calibrated engine held its weights")
+    return cal.get("weight_format")
+
+
 def resolve_format(name_or_format: str | WeightFormat) -> WeightFormat:
     """Look up a format by name (case-insensitive); pass WeightFormat objects through."""
     if isinstance(name_or_format, WeightFormat):

@@ -20,7 +20,7 @@ from typing import Any
 
 from fastmode.commands.flags import add_dataclass_args
 from fastmode.planner.catalog import hardware_names, model_names
-from fastmode.planner.weight_format import FORMATS
+from fastmode.planner.weight_format import FORMATS, format_from_calibration
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     tp = None if str(args.tp) == "auto" else int(args.tp)
     fmt = args.weight_format
     if fmt is None and args.calibration:  # price the weights as the calibrated engine held them
-        fmt = json.loads(Path(args.calibration).expanduser().read_text()).get("weight_format")
+        fmt = format_from_calibration(json.loads(Path(args.calibration).expanduser().read_text()))
     cm = CostModel(hw, model, tp=tp, weight_format=fmt, kv_dtype_bytes=args.kv_dtype_bytes)
     lane = None if str(args.fast_lane_max_batch).lower() in ("none", "0", "off") else int(args.fast_lane_max_batch)
     sched = SchedulerConfig(
