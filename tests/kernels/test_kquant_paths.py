@@ -113,7 +113,7 @@ def test_a_row_does_not_depend_on_its_batch(isa, int8):
     """Row i of 2-8 rows (read from the blocks directly) and of 64 (a dequantized buffer) is
     bit-identical to row i alone: speculative verification relies on it."""
     k = path_ops(isa)
-    for qtype in ("Q4_K", "Q6_K", "Q5_0"):
+    for qtype in ("Q4_K", "Q5_K", "Q6_K", "Q5_0"):
         raw, _ = weight(qtype, 40, 512, seed=4)
         x = activations(64, 512, seed=5)
         mm = lambda rows, qtype=qtype, raw=raw: k.quant_matmul(rows, raw, GGML_TYPES[qtype], int8)  # noqa: E731

@@ -411,7 +411,7 @@ class LlamaModel(nn.Module):
             pack = self._decode_pack = _decode_pack(self)
         if not pack:
             return None
-        norms, weights, qtypes, int8 = pack
+        norms, weights, qtypes, parts, int8 = pack
         cfg = self.cfg
         k_caches, v_caches = [k for k, _ in kv_caches], [v for _, v in kv_caches]
 
@@ -422,6 +422,7 @@ class LlamaModel(nn.Module):
                 norms,
                 weights,
                 qtypes,
+                parts,
                 k_caches,
                 v_caches,
                 rope[0].reshape(n, -1),
@@ -441,22 +442,25 @@ class LlamaModel(nn.Module):
 
 
 def _decode_pack(model: LlamaModel) -> tuple | tuple[()]:
-    """(norm weights, block weights, ggml types, int8 activations) for `decode_layers`,
-    or () when some layer cannot run fused (fp32 linears, a q/k/v bias, mixed activation modes)."""
-    from fastmode.models.quant_linear import QuantLinear
+    """(norm weights, block weights, ggml types, parts per linear, int8 activations) for `decode_layers`,
+    or () when some layer cannot run fused (fp32 linears, a bias, mixed activation modes). A linear whose
+    output rows are stored in several formats (a StackedLinear of QuantLinears) is passed as its parts."""
+    from fastmode.models.quant_linear import QuantLinear, StackedLinear
 
-    norms, weights, qtypes, int8 = [], [], [], set()
+    norms, weights, qtypes, parts, int8 = [], [], [], [], set()
     for layer in model.layers:
-        linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-        if not all(isinstance(m, QuantLinear) and m.bias is None for m in linears):
-            return ()
         norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-        weights += [m.qweight for m in linears]
-        qtypes += [m.qtype for m in linears]
-        int8 |= {m.int8_activations for m in linears}
+        for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            blocks = list(m.parts) if isinstance(m, StackedLinear) and m.bias is None else [m]
+            if not all(isinstance(b, QuantLinear) and b.bias is None for b in blocks):
+                return ()
+            weights += [b.qweight for b in blocks]
+            qtypes += [b.qtype for b in blocks]
+            parts.append(len(blocks))
+            int8 |= {b.int8_activations for b in blocks}
     if len(int8) != 1:
         return ()
-    return norms, weights, qtypes, int8.pop()
+    return norms, weights, qtypes, parts, int8.pop()
 
 
 def use_kernels(model: nn.Module, kernels) -> None:

@@ -17,11 +17,11 @@ torch::Tensor silu_mul(torch::Tensor x);
 torch::Tensor rope_qkv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
                        int64_t head_dim, torch::Tensor slots, torch::Tensor k_cache, torch::Tensor v_cache);
 torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> norms, std::vector<torch::Tensor> weights,
-                            std::vector<int64_t> qtypes, std::vector<torch::Tensor> k_caches,
-                            std::vector<torch::Tensor> v_caches, torch::Tensor cos, torch::Tensor sin,
-                            torch::Tensor slots, torch::Tensor block_tables, torch::Tensor context_lens,
-                            int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
-                            bool int8_activations);
+                            std::vector<int64_t> qtypes, std::vector<int64_t> parts,
+                            std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches,
+                            torch::Tensor cos, torch::Tensor sin, torch::Tensor slots, torch::Tensor block_tables,
+                            torch::Tensor context_lens, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
+                            double scale, bool int8_activations);
 
 // Every compute entry point releases the GIL while it runs (arguments are
 // converted before, the result after): the server's event loop keeps

@@ -95,27 +95,44 @@ torch::Tensor rope_qkv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, 
   return q;
 }
 
-// x: (B, hidden). Per layer i: norms[2i], norms[2i+1] (input, post-attention);
-// weights[4i..4i+3] = qkv, o, gate_up, down blocks with qtypes[4i..4i+3].
+// x: (B, hidden). Per layer i: norms[2i], norms[2i+1] (input, post-attention); then its four
+// linears in order, qkv, o, gate_up, down. Linear j is parts[j] consecutive entries of `weights`
+// (blocks) and `qtypes`: one where its rows are one block matrix, more where its output rows come
+// in parts stored in different formats (a Q4_K_M file's q/k beside a Q6_K or Q8_0 v). The parts'
+// outputs are concatenated in order, as the per-op path's StackedLinear does.
 torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> norms, std::vector<torch::Tensor> weights,
-                            std::vector<int64_t> qtypes, std::vector<torch::Tensor> k_caches,
-                            std::vector<torch::Tensor> v_caches, torch::Tensor cos, torch::Tensor sin,
-                            torch::Tensor slots, torch::Tensor block_tables, torch::Tensor context_lens,
-                            int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
-                            bool int8_activations) {
+                            std::vector<int64_t> qtypes, std::vector<int64_t> parts,
+                            std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches,
+                            torch::Tensor cos, torch::Tensor sin, torch::Tensor slots, torch::Tensor block_tables,
+                            torch::Tensor context_lens, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
+                            double scale, bool int8_activations) {
   const size_t L = k_caches.size();
-  TORCH_CHECK(norms.size() == 2 * L && weights.size() == 4 * L && qtypes.size() == 4 * L && v_caches.size() == L,
-              "decode_layers: 2 norms, 4 weights and one K/V cache pair per layer");
+  TORCH_CHECK(norms.size() == 2 * L && parts.size() == 4 * L && v_caches.size() == L,
+              "decode_layers: 2 norms, 4 linears and one K/V cache pair per layer");
+  std::vector<size_t> first(4 * L + 1, 0);  // linear j's parts are weights[first[j] .. first[j + 1])
+  for (size_t j = 0; j < 4 * L; ++j) {
+    TORCH_CHECK(parts[j] >= 1, "decode_layers: every linear has at least one part");
+    first[j + 1] = first[j] + static_cast<size_t>(parts[j]);
+  }
+  TORCH_CHECK(weights.size() == first[4 * L] && qtypes.size() == weights.size(),
+              "decode_layers: one weight and one ggml type per linear part");
+  auto linear = [&](const torch::Tensor& in, size_t j) {
+    if (first[j + 1] - first[j] == 1) return quant_matmul(in, weights[first[j]], qtypes[first[j]], int8_activations);
+    std::vector<torch::Tensor> out;
+    for (size_t p = first[j]; p < first[j + 1]; ++p)
+      out.push_back(quant_matmul(in, weights[p], qtypes[p], int8_activations));
+    return torch::cat(out, 1);
+  };
   const int64_t B = x.size(0);
   for (size_t i = 0; i < L; ++i) {
     auto h = rms_norm(x, norms[2 * i], eps);
-    auto qkv = quant_matmul(h, weights[4 * i], qtypes[4 * i], int8_activations);
+    auto qkv = linear(h, 4 * i);
     auto q = rope_qkv(qkv, cos, sin, heads, kv_heads, head_dim, slots, k_caches[i], v_caches[i]);
     auto a = paged_decode_attention(q, k_caches[i], v_caches[i], block_tables, context_lens, scale);
-    x = x + quant_matmul(a.view({B, heads * head_dim}), weights[4 * i + 1], qtypes[4 * i + 1], int8_activations);
+    x = x + linear(a.view({B, heads * head_dim}), 4 * i + 1);
     h = rms_norm(x, norms[2 * i + 1], eps);
-    auto gu = quant_matmul(h, weights[4 * i + 2], qtypes[4 * i + 2], int8_activations);
-    x = x + quant_matmul(silu_mul(gu), weights[4 * i + 3], qtypes[4 * i + 3], int8_activations);
+    auto gu = linear(h, 4 * i + 2);
+    x = x + linear(silu_mul(gu), 4 * i + 3);
   }
   return x;
 }

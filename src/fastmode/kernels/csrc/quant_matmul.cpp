@@ -320,6 +320,75 @@ inline void dequant_group_avx2(const uint8_t* row, int64_t g, __m256* w) {
   }
 }
 
+// A whole K-quant block (256 weights) group by group: f(s, v) gets group s's four vectors, the same
+// values dequant_group_avx2 gives. The scales and minimums are unpacked once per block, and the
+// packed bytes two groups share (Q4_K/Q5_K: one 32-byte run holds groups 2c and 2c+1 in its low and
+// high nibbles) are widened once; each 8-weight vector is widened from memory and split in 32-bit
+// lanes, as the Q4 blocks are. At one activation row this is most of a matmul's work.
+template <int QT, class F>
+inline void kquant_block_avx2(const uint8_t* b, F&& f) {
+  alignas(32) float d[16], m[16];  // per half-group (16 weights): weight = FMA(d, u, m)
+  if constexpr (QT == kQ6_K) {
+    const __m256 dd = _mm256_set1_ps(half_to_float(b + 208));
+    for (int i = 0; i < 2; ++i) {  // as group_scales: d sc, then 0 - 32 (d sc)
+      const __m256 di = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 192 + 8 * i)))));
+      _mm256_store_ps(d + 8 * i, di);
+      _mm256_store_ps(m + 8 * i, _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_set1_ps(32.0f), di)));
+    }
+  } else {
+    const float dd = half_to_float(b), dmin = half_to_float(b + 2);
+    for (int s = 0; s < 8; ++s) {
+      int sc, mn;
+      kquant_scale_min(b + 4, s, sc, mn);
+      const float ds = dd * static_cast<float>(sc), mk = -(dmin * static_cast<float>(mn));
+      d[2 * s] = d[2 * s + 1] = ds;
+      m[2 * s] = m[2 * s + 1] = mk - 0.0f * ds;
+    }
+  }
+  auto widen = [](const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); };
+  const __m256i nib = _mm256_set1_epi32(0x0F);
+  __m256 v[4];
+  if constexpr (QT == kQ6_K) {
+    const __m256i three = _mm256_set1_epi32(3);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = b + 64 * h;
+      const uint8_t* qh = b + 128 + 32 * h;
+      for (int t = 0; t < 4; ++t) {
+        const int s = 4 * h + t;
+        const __m128i lo_shift = _mm_cvtsi32_si128(4 * (t >> 1)), hi_shift = _mm_cvtsi32_si128(2 * t);
+        for (int i = 0; i < 4; ++i) {
+          const __m256i lo = _mm256_and_si256(_mm256_srl_epi32(widen(ql + 32 * (t & 1) + 8 * i), lo_shift), nib);
+          const __m256i hi = _mm256_and_si256(_mm256_srl_epi32(widen(qh + 8 * i), hi_shift), three);
+          const __m256i u = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 4));
+          const int k = 2 * s + i / 2;
+          v[i] = _mm256_fmadd_ps(_mm256_set1_ps(d[k]), _mm256_cvtepi32_ps(u), _mm256_set1_ps(m[k]));
+        }
+        f(s, v);
+      }
+    }
+  } else {
+    const uint8_t* qs = b + (QT == kQ5_K ? 48 : 16);
+    for (int c = 0; c < 4; ++c) {
+      __m256i z[4];
+      for (int i = 0; i < 4; ++i) z[i] = widen(qs + 32 * c + 8 * i);
+      for (int half = 0; half < 2; ++half) {
+        const int s = 2 * c + half;
+        const __m256 ds = _mm256_set1_ps(d[2 * s]), ms = _mm256_set1_ps(m[2 * s]);
+        for (int i = 0; i < 4; ++i) {
+          __m256i u = half ? _mm256_srli_epi32(z[i], 4) : _mm256_and_si256(z[i], nib);
+          if constexpr (QT == kQ5_K) {
+            const __m256i hb = _mm256_srl_epi32(widen(b + 16 + 8 * i), _mm_cvtsi32_si128(s));
+            u = _mm256_or_si256(u, _mm256_slli_epi32(_mm256_and_si256(hb, _mm256_set1_epi32(1)), 4));
+          }
+          v[i] = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(u), ms);
+        }
+        f(s, v);
+      }
+    }
+  }
+}
+
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -488,6 +557,34 @@ inline void rows_direct_f32(const uint8_t* w, int64_t row_bytes, int64_t nb, con
   vfloat acc[NR][MR];
   for (int n = 0; n < NR; ++n)
     for (int m = 0; m < MR; ++m) acc[n][m] = vzero();
+  if constexpr (is_kquant(QT)) {
+    // A K-quant block at a time per row (its scales unpacked once): each accumulator still takes
+    // the row's groups in order, so the sums are those of the group-at-a-time form below.
+    constexpr int64_t SB = block_bytes_of(QT), G = block_weights_of(QT) / kBlock;
+    for (int64_t sb = 0; sb < nb / G; ++sb) {
+      for (int n = 0; n < NR; ++n) {
+        const uint8_t* blk = w + n * row_bytes + sb * SB;
+        for (int64_t off = 0; off < SB; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(blk + off + kAhead), _MM_HINT_T0);
+        kquant_block_avx2<QT>(blk, [&](int s, const __m256* v) {
+          vfloat wv[kPerBlock];
+#if FM_AVX512
+          wv[0] = _mm512_insertf32x8(_mm512_castps256_ps512(v[0]), v[1], 1);
+          wv[1] = _mm512_insertf32x8(_mm512_castps256_ps512(v[2]), v[3], 1);
+#else
+          for (int j = 0; j < kPerBlock; ++j) wv[j] = v[j];
+#endif
+          for (int m = 0; m < MR; ++m) {
+            const float* xb = x + m * ldx + (sb * G + s) * kBlock;
+            for (int j = 0; j < kPerBlock; ++j) acc[n][m] = vfma(wv[j], vload(xb + j * kLanes), acc[n][m]);
+          }
+        });
+      }
+    }
+    for (int n = 0; n < NR; ++n)
+      for (int m = 0; m < MR; ++m) out[m * ldo + n] = vsum(acc[n][m]);
+    return;
+  }
   for (int64_t b = 0; b < nb; ++b) {
     for (int n = 0; n < NR; ++n) {
       _mm_prefetch(reinterpret_cast<const char*>(w + n * row_bytes + b * BB + kAhead), _MM_HINT_T0);
