@@ -8,7 +8,9 @@ import json
 import pytest
 
 from fastmode.server.conversation import ResponseStore, Turn, build_prompt, with_system
-from fastmode.server.tools import ToolSpec, format_call, render_text
+from fastmode.server.tool_call_format import format_call
+from fastmode.server.tool_prompt import render_text
+from fastmode.server.tool_specs import ToolSpec
 
 WEATHER = ToolSpec(
     "get_weather",

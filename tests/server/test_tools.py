@@ -11,23 +11,11 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from fastmode.loader.tokenizer import Tokenizer
 from fastmode.sampling_params import StructuredOutput
-from fastmode.server.tools import (
-    MAX_CALLS_PER_TURN,
-    ArgumentsDelta,
-    CallEnd,
-    CallStart,
-    TextDelta,
-    ToolCallParser,
-    ToolChoice,
-    ToolError,
-    ToolSpec,
-    fallback_messages,
-    format_call,
-    render_prompt,
-    render_text,
-    renders_tools,
-    tool_grammar,
-)
+from fastmode.server.tool_call_format import format_call
+from fastmode.server.tool_call_parser import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolCallParser
+from fastmode.server.tool_grammar import MAX_CALLS_PER_TURN, tool_grammar
+from fastmode.server.tool_prompt import fallback_messages, render_prompt, render_text, renders_tools
+from fastmode.server.tool_specs import ToolChoice, ToolError, ToolSpec
 from tests.builders import CHATML, build_tokenizer
 
 WEATHER = ToolSpec(

@@ -41,19 +41,10 @@ from fastmode.server.ratelimit import anthropic_headers
 from fastmode.server.reasoning import ReasoningParser, is_thinking_model, prompt_opens_thinking, with_thinking
 from fastmode.server.served_model import ServedModel
 from fastmode.server.state import get_state, require_api_key
-from fastmode.server.tools import (
-    ArgumentsDelta,
-    CallEnd,
-    CallStart,
-    Event,
-    TextDelta,
-    ToolCallParser,
-    ToolChoice,
-    ToolError,
-    ToolSpec,
-    render_prompt,
-    tool_grammar,
-)
+from fastmode.server.tool_call_parser import ArgumentsDelta, CallEnd, CallStart, Event, TextDelta, ToolCallParser
+from fastmode.server.tool_grammar import tool_grammar
+from fastmode.server.tool_prompt import render_prompt
+from fastmode.server.tool_specs import ToolChoice, ToolError, ToolSpec
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 

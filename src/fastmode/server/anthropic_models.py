@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fastmode.server.errors import ApiError, validation_message
 from fastmode.server.openai_models import Speculative  # the same extension everywhere
 from fastmode.server.params import Temperature1, TopK, TopP
-from fastmode.server.tools import ToolChoice, ToolSpec
+from fastmode.server.tool_specs import ToolChoice, ToolSpec
 
 THINKING_TYPES = ("enabled", "adaptive", "disabled")
 

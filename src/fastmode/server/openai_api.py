@@ -59,12 +59,9 @@ from fastmode.server.reasoning import (
 )
 from fastmode.server.served_model import ServedModel
 from fastmode.server.state import ServerState, get_state, require_api_key
-from fastmode.server.tools import (
-    ToolError,
-    check_tools,
-    render_prompt,
-    tool_grammar,
-)
+from fastmode.server.tool_grammar import tool_grammar
+from fastmode.server.tool_prompt import render_prompt
+from fastmode.server.tool_specs import ToolError, check_tools
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 

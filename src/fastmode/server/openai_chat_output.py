@@ -8,7 +8,7 @@ from fastmode.engine.llm_engine import RequestOutput
 from fastmode.server.logprobs import TokenText, chat_logprobs
 from fastmode.server.reasoning import ReasoningParser, reasoning_token_count
 from fastmode.server.served_model import ServedModel
-from fastmode.server.tools import ArgumentsDelta, CallStart, TextDelta, ToolCallParser
+from fastmode.server.tool_call_parser import ArgumentsDelta, CallStart, TextDelta, ToolCallParser
 
 
 def usage(o: RequestOutput | list[RequestOutput], reasoning_tokens: int = 0) -> dict:

@@ -17,7 +17,7 @@ from fastmode.sampling_params import StructuredOutput
 from fastmode.server.errors import ApiError, clip
 from fastmode.server.params import Penalty, Seed, Temperature, TopK, TopP
 from fastmode.server.reasoning import Effort, effort_switch
-from fastmode.server.tools import ToolChoice, ToolSpec
+from fastmode.server.tool_specs import ToolChoice, ToolSpec
 
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
 # An extension in every dialect: how to speculate for this request; None = the tier's default.

@@ -22,7 +22,7 @@ from fastmode.server.openai_models import ServiceTier, Speculative
 from fastmode.server.params import Seed, Temperature, TopP
 from fastmode.server.reasoning import Effort, effort_switch
 from fastmode.server.responses_input import InputItem, input_messages
-from fastmode.server.tools import ToolChoice, ToolSpec
+from fastmode.server.tool_specs import ToolChoice, ToolSpec
 
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
 # Includes that ask for parts of items this server never writes (a reasoning item's

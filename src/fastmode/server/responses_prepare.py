@@ -23,7 +23,9 @@ from fastmode.server.reasoning import is_thinking_model, prompt_opens_thinking, 
 from fastmode.server.responses_events import new_id
 from fastmode.server.responses_models import ResponseRequest
 from fastmode.server.state import ServerState
-from fastmode.server.tools import ToolChoice, ToolError, ToolSpec, render_text, tool_grammar
+from fastmode.server.tool_grammar import tool_grammar
+from fastmode.server.tool_prompt import render_text
+from fastmode.server.tool_specs import ToolChoice, ToolError, ToolSpec
 
 Lookup = Callable[[str], "Turn | None"]
 

@@ -30,7 +30,7 @@ from fastmode.server.openai_api import tier_fields
 from fastmode.server.reasoning import OutputSplit, reasoning_token_count
 from fastmode.server.responses_events import OutputBuilder
 from fastmode.server.responses_prepare import PreparedTurn
-from fastmode.server.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolCallParser
+from fastmode.server.tool_call_parser import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolCallParser
 
 
 def usage(o: RequestOutput | None, prompt_len: int, generated: bool = True, reasoning_tokens: int = 0) -> dict:
