@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -17,11 +16,13 @@ import torch
 
 from fastmode.engine.config import EngineConfig
 from fastmode.engine.detokenizer import IncrementalDetokenizer
+from fastmode.engine.drafting import Drafting
 from fastmode.engine.errors import RequestError
+from fastmode.engine.fault_isolation import SamplingCheckpoint, isolate
 from fastmode.engine.metering import RequestMetrics, attribute_step, request_metrics
 from fastmode.engine.model_runner import ModelRunner
 from fastmode.engine.sampler import TokenLogprob
-from fastmode.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from fastmode.engine.scheduler import Scheduler
 from fastmode.engine.sequence import FinishReason, Sequence
 from fastmode.engine.structured import compile_structured
 from fastmode.engine.tiers import Tier
@@ -97,54 +98,6 @@ def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     }[name]
 
 
-def _subset(out: SchedulerOutput, scheduled: list[ScheduledSeq]) -> SchedulerOutput:
-    """`out` with only `scheduled` run: the same step, fewer requests."""
-    return SchedulerOutput(out.step, list(scheduled), out.paused, out.preempted, out.lane_active)
-
-
-@dataclass
-class _SamplingCheckpoint:
-    """The runner's per-request sampling state before a step, so that a rerun of the step
-    (`LLMEngine._isolate`) draws what the first run would have drawn.
-
-    A run may have consumed some requests' random numbers, appended to their logprobs and fed
-    their grammar matchers before it raised. Only seeded generators are saved: an unseeded one
-    promises no particular draw, and saving costs a copy of its state every step. Grammar
-    matchers are not copied: they are dropped, and the runner rebuilds one from the request's
-    output tokens on its next use."""
-
-    generators: dict[str, torch.Tensor | None]  # request id -> state before the step (None: none yet)
-    num_logprobs: dict[str, int]  # request id -> logprobs held before the step
-    grammar_ids: list[str]
-
-    @classmethod
-    def take(cls, runner: ModelRunner, out: SchedulerOutput) -> _SamplingCheckpoint:
-        generators, num_logprobs, grammar_ids = {}, {}, []
-        for s in out.scheduled:
-            seq, p = s.seq, s.seq.params
-            rid = seq.request_id
-            if p.seed is not None and not p.greedy:
-                gen = runner.generators.get(rid)
-                generators[rid] = None if gen is None else gen.get_state()
-            if p.logprobs is not None:
-                num_logprobs[rid] = len(runner.logprobs.get(rid, ()))
-            if seq.grammar is not None:
-                grammar_ids.append(rid)
-        return cls(generators, num_logprobs, grammar_ids)
-
-    def restore(self, runner: ModelRunner) -> None:
-        for rid, state in self.generators.items():
-            if state is None:
-                runner.generators.pop(rid, None)  # recreated from the seed on first use
-            elif rid in runner.generators:
-                runner.generators[rid].set_state(state)
-        for rid, n in self.num_logprobs.items():
-            if rid in runner.logprobs:
-                del runner.logprobs[rid][n:]
-        for rid in self.grammar_ids:
-            runner.grammars.pop(rid, None)
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig = EngineConfig(), loaded: LoadedModel | None = None):
         self.config = config
@@ -167,10 +120,7 @@ class LLMEngine:
             pack_weights=config.load.pack_weights,
             num_local_blocks=self.scheduler_config.num_local_blocks,
         )
-        self.spec = SpecPolicy(config.speculation)
-        self.drafter = self._load_drafter(config.load.draft_model) if config.load.draft_model else None
-        if config.speculation.measure_steps and config.speculation.method != "off" and config.speculation.tiers:
-            self._measure_steps()
+        self.drafting = Drafting(config, self.loaded, self.scheduler_config, self.kv_dtype, self.runner, self.scheduler)
         self._tracked: dict[str, _Tracked] = {}
         self._ids = itertools.count()
         self.clock = time.monotonic
@@ -186,6 +136,16 @@ class LLMEngine:
     @property
     def max_model_len(self) -> int:
         return self.scheduler_config.max_model_len
+
+    @property
+    def spec(self) -> SpecPolicy:
+        """The speculation policy: when drafts pay, and the acceptance statistics."""
+        return self.drafting.spec
+
+    @property
+    def drafter(self):
+        """The draft model's proposer, or None when the engine runs without one."""
+        return self.drafting.drafter
 
     def add_request(
         self,
@@ -254,97 +214,19 @@ class LLMEngine:
     def _forget(self, request_id: str) -> None:
         """Drop per-request state outside the scheduler (generators, spec stats, draft KV)."""
         self.runner.release(request_id)
-        self.spec.forget(request_id)
-        if self.drafter is not None:
-            self.drafter.release(request_id)
+        self.drafting.forget(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
-
-    def _load_drafter(self, draft_model: str):
-        from fastmode.speculative.draft_model import DraftModelProposer
-        from fastmode.speculative.draft_source import auto_draft, load_draft
-
-        draft = auto_draft(self.loaded) if draft_model == "auto" else load_draft(draft_model, self.loaded)
-        if draft is None:
-            return None
-        return DraftModelProposer(
-            draft, self.scheduler_config.num_blocks, self.scheduler_config.block_size, self.kv_dtype
-        )
-
-    def _measure_steps(self) -> None:
-        """Seed the speculation policy's step curve with this machine's step times."""
-        from fastmode.env import cache_dir
-        from fastmode.kernels import cpu_flags, select_isa
-        from fastmode.speculative.step_timing import cached_step_curve, measure_step_curve, step_shapes
-
-        cfg = self.config.speculation
-        shapes = step_shapes(min(cfg.max_batch, self.scheduler_config.max_num_seqs), cfg.max_draft_tokens)
-        loaded = self.loaded
-        try:
-            stat = loaded.path.stat()
-            file_id = [str(loaded.path.resolve()), stat.st_size, stat.st_mtime_ns]
-        except OSError:
-            file_id = [str(loaded.path)]
-        parts = {
-            "model": file_id,
-            "shape": [loaded.config.num_layers, loaded.config.hidden_size, loaded.config.vocab_size],
-            "weights": loaded.weight_format,
-            "dtype": str(loaded.dtype),
-            "kv_dtype": str(self.kv_dtype),
-            "block_size": self.scheduler_config.block_size,
-            "threads": torch.get_num_threads(),
-            "isa": select_isa() if getattr(loaded.model, "kernels", None) is not None else "torch",
-            "cpu": [os.cpu_count(), sorted(cpu_flags())],
-        }
-        t0 = time.perf_counter()
-        measured, cached = cached_step_curve(
-            cache_dir(), parts, shapes, lambda s: measure_step_curve(self.runner, self.scheduler.block_manager, s)
-        )
-        self.spec.seed_steps(measured)
-        how = "read from the cache" if cached else f"measured in {time.perf_counter() - t0:.2f} s"
-        log.info("times of %d decode and verify step shapes %s", len(measured), how)
-
-    def _propose_drafts(self) -> DraftReport:
-        """Give decoding sequences draft tokens where the policy says speculation pays; report
-        what a draft-model run cost, for the policy to weigh against the step."""
-        running = self.scheduler.running
-        for seq in running:
-            seq.draft_token_ids = []
-        cap = self.scheduler.max_batch(self.scheduler.lane_active())
-        if not self.spec.enabled_for_step(min(len(running), cap)):
-            return DraftReport()
-        decoding = [seq for seq in running if not seq.is_prefilling]
-        batch = min(len(decoding), cap)
-        by_model: list[tuple[Sequence, int]] = []
-        by_lookup: list[Sequence] = []
-        for seq in decoding:
-            method = self.spec.method_for(seq)
-            if method == "ngram":
-                by_lookup.append(seq)
-            elif method == "draft" and self.drafter is not None:
-                k = self.spec.num_draft_tokens(seq, method, batch, self.drafter.catch_up_tokens(seq))
-                if k:
-                    by_model.append((seq, k))
-        # Prompt-lookup drafts are planned for the step as a whole (their rows slow every sequence).
-        for seq, drafts in zip(by_lookup, self.spec.draft_ngrams(by_lookup, batch)):
-            seq.draft_token_ids = drafts
-        if not by_model:
-            return DraftReport(batch)
-        # One batched draft run for every sequence that uses the draft model.
-        run = self.drafter.propose([s for s, _ in by_model], [k for _, k in by_model])
-        for (seq, _), d in zip(by_model, run.drafts):
-            seq.draft_token_ids = d
-        return DraftReport(batch, run.round_s, run.catch_up)
 
     def step(self) -> list[RequestOutput]:
         """Draft, schedule, execute, update: one step of every scheduled sequence.
 
         A request whose part of the step raises (in the model or in sampling) is ended with
         finish_reason "error" and its KV freed; the step is run again without it, so the rest
-        of the batch goes on with exactly the tokens it would have had (`_isolate`)."""
+        of the batch goes on with exactly the tokens it would have had (engine/fault_isolation.py)."""
         try:
-            drafting = self._propose_drafts()
+            drafting = self.drafting.propose()
         except Exception:  # drafts are only proposals: a step without them gives the same tokens
             log.exception("drafting failed; this step runs without drafts")
             for seq in self.scheduler.running:
@@ -354,13 +236,15 @@ class LLMEngine:
         if out.is_empty:
             return []
         t0 = time.perf_counter()
-        checkpoint = _SamplingCheckpoint.take(self.runner, out)
+        checkpoint = SamplingCheckpoint.take(self.runner, out)
         failed: list[Sequence] = []
         try:
             sampled = self.runner.execute(out)
             step_s = time.perf_counter() - t0
         except Exception as e:
-            out, sampled, failed = self._isolate(out, e, checkpoint)
+            self.last_error = e
+            isolated = isolate(self.runner, self.scheduler, out, e, checkpoint, self.clock)
+            out, sampled, failed, self.last_error = isolated.out, isolated.sampled, isolated.failed, isolated.last_error
             step_s = None  # the retries' cost is not a step's: the speculation policy does not learn from it
         busy_s = time.perf_counter() - t0
         self.num_steps += 1
@@ -371,68 +255,6 @@ class LLMEngine:
             self.spec.update_from_output(out, step_s, drafting)
         outputs = [self._output_or_error(seq) for seq in failed + touched]
         return [o for o in outputs if o is not None]
-
-    def _isolate(
-        self, out: SchedulerOutput, error: Exception, checkpoint: _SamplingCheckpoint
-    ) -> tuple[SchedulerOutput, dict[str, list[int]], list[Sequence]]:
-        """Find the requests that make a step raise and run the step without them.
-
-        The step's requests are bisected: a group that raises is split and each half rerun,
-        down to the single requests that raise on their own. Those are finished with an error
-        (their KV freed); the rest then run as one step again. Before every run the runner's
-        per-request sampling state is put back (`_SamplingCheckpoint`), and each run rewrites
-        the KV of exactly the positions it computes, so the retried step gives each remaining
-        request the tokens the failed one would have. A failure no single request causes
-        (one that needs the whole batch, or comes and goes) can leave nobody to blame: then
-        the step is retried once as it was, and if that fails too, its requests all fail.
-        Returns the step as run (the requests left), their tokens, and the failed sequences."""
-        log.warning("step %d raised %r; isolating its failing request(s)", out.step, error)
-        self.last_error = error
-
-        def run(group: list[ScheduledSeq]) -> tuple[dict[str, list[int]] | None, Exception | None]:
-            checkpoint.restore(self.runner)
-            try:
-                return self.runner.execute(_subset(out, group)), None
-            except Exception as e:
-                return None, e
-
-        culprits: list[tuple[ScheduledSeq, Exception]] = []
-        scheduled = out.scheduled
-        groups = (
-            [scheduled[: len(scheduled) // 2], scheduled[len(scheduled) // 2 :]] if len(scheduled) > 1 else [scheduled]
-        )
-        while groups:
-            group = groups.pop()
-            if not group:
-                continue
-            _, e = run(group)
-            if e is None:
-                continue
-            if len(group) == 1:
-                culprits.append((group[0], e))
-            else:
-                groups += [group[: len(group) // 2], group[len(group) // 2 :]]
-        blamed = {id(s) for s, _ in culprits}
-        rest = [s for s in scheduled if id(s) not in blamed]
-        sampled: dict[str, list[int]] = {}
-        if rest:
-            result, e = run(rest)
-            if result is None:  # not reproducible request by request: the whole remainder fails
-                culprits += [(s, e) for s in rest]
-                rest = []
-            else:
-                sampled = result
-        now = self.clock()
-        for s, e in culprits:
-            log.error(
-                "request %s failed in step %d and was ended with an error",
-                s.seq.request_id,
-                out.step,
-                exc_info=(type(e), e, e.__traceback__),
-            )
-            self.last_error = e
-            self.scheduler.finish(s.seq, FinishReason.ERROR, now)
-        return _subset(out, rest), sampled, [s.seq for s, _ in culprits]
 
     def _output_or_error(self, seq: Sequence) -> RequestOutput | None:
         """`_output`, or, if building it raises (the detokenizer, a stop string), the request's
