@@ -1,5 +1,5 @@
 """A request whose part of an engine step fails gets an error in its dialect's shape, while a
-request running next to it finishes with exactly the text it has alone (engine/llm_engine.py
+request running next to it finishes with exactly the text it has alone (engine/fault_isolation.py
 isolates the failing request). The fault is injected in the sampler, keyed to one request."""
 
 from __future__ import annotations

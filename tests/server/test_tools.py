@@ -1,4 +1,4 @@
-"""server/tools.py on its own: the grammars (checked with llguidance, not with a model),
+"""The server's tool modules on their own: the grammars (checked with llguidance, not with a model),
 the prompt rendering (fallback and a template that renders tools), and the parser."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ speed served. Fast mode has its own rate limits (anthropic-fast-* headers)
 and answers 429 with retry-after when they, or the fast lane, are full; as
 with Anthropic, the client's fallback is to retry without `speed`.
 A final assistant message is a prefill: generation continues its text.
-Tools go through server/tools.py: one grammar per turn, and one parser that
+Tools go through server/tool_grammar.py and server/tool_call_parser.py: one grammar per turn, and one parser that
 turns the output into text and tool_use blocks as it streams. Responses carry
 `request-id` and `x-request-id` headers equal to the message id.
 """

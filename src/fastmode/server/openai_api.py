@@ -12,7 +12,7 @@ rode the fast lane, the lane would cap every batch and stop being fast.
 `x-fastmode-tier` carries the served tier in the same words.
 
 Tools, `response_format`, logprobs, `n` and the penalties are documented in
-docs/server.md; tools go through server/tools.py (one grammar per turn, one
+docs/server.md; tools go through server/tool_grammar.py and tool_call_parser.py (one grammar per turn, one
 parser over the output), `n` runs one engine request per choice on the same
 prompt ids, so the prefix cache shares the prompt's KV between them.
 """
