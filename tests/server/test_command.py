@@ -177,7 +177,8 @@ def test_generate_and_chat_flags_come_from_the_same_dataclasses():
 
 
 def test_ctrl_c_stops_the_server_cleanly(tiny_llama_dir):
-    """SIGINT (Ctrl-C) shuts `fastmode serve` down and exits 130 without a traceback."""
+    """SIGINT (Ctrl-C) shuts `fastmode serve` down without a traceback: exit 0, or 130 where uvicorn
+    re-raises the signal after its shutdown."""
     import signal
     import socket
     import subprocess
@@ -206,5 +207,5 @@ def test_ctrl_c_stops_the_server_cleanly(tiny_llama_dir):
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode in (0, 130), err
     assert "Traceback" not in err, err
