@@ -8,7 +8,9 @@ The eval starts `fastmode serve` itself (the embedded model and its Spark
 student) unless `--url` names a running server, keeps `--load` standard-tier
 streams decoding on the main model for the whole run, and runs every task on
 every route in turn, alternating the routes' order from one task to the next
-so slow drifts of a shared machine fall on all routes alike.
+so slow drifts of a shared machine fall on all routes alike. Before a task's timed
+runs it runs once, untimed, per model: each route then finds the task's prompts in
+the prefix cache, instead of the first route to run paying the prefill for the rest.
 """
 
 from __future__ import annotations
@@ -119,6 +121,18 @@ def run_agent(args: argparse.Namespace) -> int:
         with load if args.load and "main" in models else contextlib.nullcontext():
             for i, task in enumerate(tasks):
                 order = routes if i % 2 == 0 else routes[::-1]
+                # Untimed, once per model: the task's whole trajectory enters the prefix cache, so no
+                # route pays prefill that a route run before it on the same task would have saved it.
+                for model_key in dict.fromkeys(r.model for r in order):
+                    route = next(r for r in order if r.model == model_key)
+                    run_task(
+                        client,
+                        route.request(models, 0),
+                        task,
+                        route_name="warm-up",
+                        seed=args.seed,
+                        extra_turns=args.extra_turns,
+                    )
                 cells = []
                 for route in order:
                     rec = run_task(
