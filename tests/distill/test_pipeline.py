@@ -117,6 +117,7 @@ def test_distill_flags_default_to_the_training_configs():
         "temperature",
         "ce_weight",
         "seed",
+        "quantize_aware_from",
     ):
         assert getattr(flags, name) == getattr(train, name), name
     for name in ("model", "resume", "max_steps", "max_minutes", "checkpoint_every", "mix", "answer_max_tokens"):

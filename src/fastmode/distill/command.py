@@ -69,6 +69,9 @@ class DistillCommandOptions:
         default="auto", metadata={"choices": ("auto", "fp32", "bf16", "int8", "q4_1")}
     )  # weight storage; auto = most precise that fits --max-mb
     max_mb: float = 50.0  # size limit of the exported file (MB)
+    quantize_aware_from: int | None = field(
+        default=None, metadata={"metavar": "STEP"}
+    )  # train through Q4_1 rounding from this step on (none: from 0 for a Q4_1 student; on --resume, as saved)
 
 
 def register(subparsers: Any) -> None:
@@ -111,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         ce_weight=args.ce_weight,
         seed=args.seed,
+        quantize_aware_from=args.quantize_aware_from,
     )
     opts = DistillOptions(
         out_dir=args.out or default_spark_dir(teacher.name),

@@ -26,12 +26,12 @@ from fastmode.config import ModelConfig
 from fastmode.distill.answers import load_prompts, teacher_answers
 from fastmode.distill.corpus import Document, keep_clean, shakespeare_documents, stdlib_documents, text_pieces
 from fastmode.distill.defaults import DEFAULT_MIX
-from fastmode.distill.export import MAX_BYTES, save_spark, teacher_identity
+from fastmode.distill.export import MAX_BYTES, choose_format, save_spark, teacher_identity
 from fastmode.distill.forward import check_supported
 from fastmode.distill.importance import select_by_importance
 from fastmode.distill.stream import SourceCursor, WindowStream
 from fastmode.distill.student import choose_layers, own_state
-from fastmode.distill.train import TrainConfig, Trainer, load_checkpoint, save_checkpoint
+from fastmode.distill.train import TrainConfig, Trainer, load_checkpoint, resume_mismatch, save_checkpoint
 from fastmode.loader import LoadedModel
 from fastmode.loader.tokenizer import Tokenizer
 
@@ -102,6 +102,14 @@ def make_stream(
     return WindowStream(cursors, mix, seed, cfg.batch_size, cfg.seq_len)
 
 
+def stored_format(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) -> str:
+    """The format the student will be exported in (ValueError, before any training, if none fits)."""
+    layer = {k: tuple(v.shape) for k, v in teacher.model.layers[0].state_dict().items()}
+    shapes = {f"layers.{j}.{k}": shape for j in range(cfg.num_layers) for k, shape in layer.items()}
+    shapes["norm.weight"] = (teacher.config.hidden_size,)
+    return choose_format(shapes, opts.export_format, opts.max_bytes)
+
+
 def choose_student_layers(
     teacher: LoadedModel, cfg: TrainConfig, sources: Mapping[str, list[Document]], opts: DistillOptions
 ) -> tuple[list[int], dict[str, Any]]:
@@ -166,6 +174,11 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
     if opts.resume and not ckpt_path.exists():
         raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_path}")
     identity = teacher_identity(teacher.path)
+    fmt = stored_format(teacher, cfg, opts)
+    state = load_checkpoint(ckpt_path) if opts.resume else None
+    if cfg.quantize_aware_from is None:  # unset: as the checkpoint says, or from the start for a Q4_1 student
+        start = state["config"].get("quantize_aware_from") if state else (0 if fmt == "q4_1" else None)
+        cfg = replace(cfg, quantize_aware_from=start)
 
     answers = []
     if opts.mix.get("answers", 0) > 0:
@@ -183,12 +196,12 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
         "piece_chars": PIECE_CHARS,
     }
     extra: dict[str, Any] = {"elapsed_s": 0.0, "data": data_key}
-    if opts.resume:
-        state = load_checkpoint(ckpt_path)
+    if state is not None:
         if state["extra"]["data"] != data_key:
             raise ValueError(f"checkpoint was made with other data settings: {state['extra']['data']}, now {data_key}")
-        if state["config"] != asdict(cfg):
-            raise ValueError(f"checkpoint was made with other training settings: {state['config']}, now {asdict(cfg)}")
+        diff = resume_mismatch(state["config"], cfg, state["step"])
+        if diff:
+            raise ValueError(f"checkpoint was made with other training settings (checkpoint, now): {diff}")
         trainer = Trainer(teacher.model, stream, cfg, state["layer_indices"])  # the layers chosen at the start
         trainer.load_state_dict(state)
         extra = state["extra"]
@@ -251,6 +264,7 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
             "steps": trainer.step,
             "tokens": trainer.tokens_seen,
             "train_minutes": round(extra["elapsed_s"] / 60, 2),
+            "quantize_aware_from": cfg.quantize_aware_from,
             "data_mix": stream.fractions,
             "data_pieces": {name: len(docs) for name, docs in sources.items()},
             "probe_kl_start": extra.get("probe_kl_start"),
@@ -258,7 +272,12 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
             "last20_mean_kl": sum(r["kl"] for r in tail) / len(tail) if tail else None,
         },
     }
-    path = save_spark(out, own_state(trainer.student), info, opts.export_format, opts.max_bytes)
+    if fmt == "q4_1" and not cfg.quantize_aware_at(trainer.step - 1):
+        log.warning(
+            "exporting as Q4_1 a student whose last steps did not train through Q4_1 rounding: the rounding "
+            "undoes much of its training (pass --quantize-aware-from STEP, or a more precise --format)"
+        )
+    path = save_spark(out, own_state(trainer.student), info, fmt, opts.max_bytes)
     info = json.loads((out / "spark.json").read_text())
     info["path"] = str(path)
     return info

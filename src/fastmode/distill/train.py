@@ -22,6 +22,7 @@ import torch
 
 from fastmode.distill.forward import causal_hidden
 from fastmode.distill.loss import LossParts, distill_loss
+from fastmode.distill.qat import quant_aware_hidden
 from fastmode.distill.stream import WindowStream
 from fastmode.distill.student import build_student, choose_layers, own_parameters, own_state
 from fastmode.models.llama import LlamaModel
@@ -42,6 +43,8 @@ class TrainConfig:
     ce_weight: float = 0.1
     grad_clip: float = 1.0  # max global gradient norm
     seed: int = 0
+    # From this step on the student trains through Q4_1 rounding (see qat.py); None: never.
+    quantize_aware_from: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "seq_len", "batch_size"):
@@ -51,6 +54,8 @@ class TrainConfig:
             raise ValueError("lr, temperature and grad_clip must be > 0, ce_weight >= 0")
         if self.layer_selection not in ("even", "importance"):
             raise ValueError(f"layer_selection must be 'even' or 'importance', got {self.layer_selection!r}")
+        if self.quantize_aware_from is not None and self.quantize_aware_from < 0:
+            raise ValueError(f"quantize_aware_from must be >= 0, got {self.quantize_aware_from}")
         if self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
             raise ValueError(f"decay_steps ({self.decay_steps}) must exceed warmup_steps ({self.warmup_steps})")
 
@@ -66,6 +71,32 @@ class TrainConfig:
             return self.lr
         progress = (step - self.warmup_steps) / (self.decay_steps - self.warmup_steps)
         return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+    def quantize_aware_at(self, step: int) -> bool:
+        """Whether step `step` (0-based) trains through Q4_1 rounding."""
+        return self.quantize_aware_from is not None and step >= self.quantize_aware_from
+
+
+def resume_mismatch(saved: dict[str, Any], cfg: TrainConfig, step: int) -> dict[str, tuple[Any, Any]]:
+    """The settings under which a checkpoint saved at `step` with config `saved` does not continue
+    as `cfg` would have run: {field: (saved, now)}; empty when it resumes exactly.
+
+    A field added after the checkpoint was written counts as its default. The
+    quantization-aware start may differ if both values lie at or after `step`,
+    since the steps already taken were computed the same way under either.
+    """
+    now = asdict(cfg)
+    defaults = asdict(TrainConfig())
+    diff = {}
+    for name, value in now.items():
+        old = saved.get(name, defaults[name])
+        if name == "quantize_aware_from":
+            starts = [step if v is None else v for v in (old, value)]  # None: not before `step` either
+            if min(starts) >= step:
+                continue
+        if old != value:
+            diff[name] = (old, value)
+    return diff
 
 
 class Trainer:
@@ -93,8 +124,9 @@ class Trainer:
         inputs, targets = batch[:, :-1], batch[:, 1:]  # (B, T) each
         with torch.no_grad():
             teacher_h = causal_hidden(self.teacher, inputs)
+        student_forward = quant_aware_hidden if self.cfg.quantize_aware_at(self.step) else causal_hidden
         with torch.set_grad_enabled(backward):
-            student_h = causal_hidden(self.student, inputs)
+            student_h = student_forward(self.student, inputs)
         return distill_loss(
             self.student.lm_head,
             student_h.flatten(0, 1),
@@ -120,7 +152,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, batch: torch.Tensor) -> LossParts:
-        """The loss on a fixed (B, T+1) batch, without touching weights or stream."""
+        """The loss on a fixed (B, T+1) batch, without touching weights or stream; once training is
+        quantization-aware, of the weights as they will be stored."""
         return self._loss(batch, backward=False)
 
     def state_dict(self) -> dict[str, Any]:
@@ -138,8 +171,8 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state`; ValueError if it was made under another config or layer choice."""
-        if state["config"] != asdict(self.cfg) or state["layer_indices"] != self.layer_indices:
-            diff = {k: (v, asdict(self.cfg).get(k)) for k, v in state["config"].items() if asdict(self.cfg).get(k) != v}
+        diff = resume_mismatch(state["config"], self.cfg, state["step"])
+        if diff or state["layer_indices"] != self.layer_indices:
             raise ValueError(
                 f"checkpoint was made with other settings (checkpoint, now): {diff or state['layer_indices']}"
             )
