@@ -11,8 +11,15 @@ from fastmode.server.config import ServerConfig
 from tests.server.conftest import export_spark
 
 
-def test_flags_map_onto_both_configs():
-    args = build_parser().parse_args(
+@pytest.fixture(scope="module")
+def parser():
+    """One `fastmode` parser for the module: building one reads every options dataclass's source
+    for the flags' help (seconds each time); parse_args leaves the parser as it was."""
+    return build_parser()
+
+
+def test_flags_map_onto_both_configs(parser):
+    args = parser.parse_args(
         [
             "serve",
             "--port",
@@ -48,8 +55,8 @@ def test_flags_map_onto_both_configs():
     )
 
 
-def test_speculation_flags_keep_their_short_forms():
-    args = build_parser().parse_args(
+def test_speculation_flags_keep_their_short_forms(parser):
+    args = parser.parse_args(
         [
             "serve",
             "--speculative",
@@ -75,9 +82,7 @@ def test_speculation_flags_keep_their_short_forms():
         0.0,
     )
     assert EngineConfig(**_pick(EngineConfig, args)).load.draft_model == "layers:1"
-    long_form = build_parser().parse_args(
-        ["serve", "--speculative-method", "off", "--speculative-max-draft-tokens", "2"]
-    )
+    long_form = parser.parse_args(["serve", "--speculative-method", "off", "--speculative-max-draft-tokens", "2"])
     spec = EngineConfig(**_pick(EngineConfig, long_form)).speculation
     assert (spec.method, spec.max_draft_tokens) == ("off", 2)
 
@@ -102,17 +107,16 @@ def test_flat_keywords_set_the_parts_and_defaults_live_in_the_parts():
         EngineConfig(dtype="float64")
 
 
-def test_every_config_field_has_a_flag():
-    parser = build_parser()
+def test_every_config_field_has_a_flag(parser):
     serve = parser._subparsers._group_actions[0].choices["serve"]
     dests = {a.dest for a in serve._actions}
     assert set(EngineConfig.field_names()) <= dests
     assert {f for f in ServerConfig.__dataclass_fields__} <= dests
 
 
-def test_serve_spark_flag():
-    assert ServerConfig(**_pick(ServerConfig, build_parser().parse_args(["serve"]))).serve_spark is True
-    args = build_parser().parse_args(["serve", "--no-serve-spark"])
+def test_serve_spark_flag(parser):
+    assert ServerConfig(**_pick(ServerConfig, parser.parse_args(["serve"]))).serve_spark is True
+    args = parser.parse_args(["serve", "--no-serve-spark"])
     assert ServerConfig(**_pick(ServerConfig, args)).serve_spark is False
 
 
@@ -143,11 +147,11 @@ def test_spark_engine_serves_the_default_models_spark_when_present(
     assert "not serving Spark" in capsys.readouterr().err
 
 
-def test_generate_and_chat_flags_come_from_the_same_dataclasses():
+def test_generate_and_chat_flags_come_from_the_same_dataclasses(parser):
     from fastmode.commands.common import sampling_from_args
     from fastmode.engine.config import LoadConfig
 
-    args = build_parser().parse_args(
+    args = parser.parse_args(
         [
             "generate",
             "hi",
@@ -170,10 +174,10 @@ def test_generate_and_chat_flags_come_from_the_same_dataclasses():
     assert _pick(LoadConfig, args) == {"model": None, "dtype": "float32", "weights": "dequantize"}
     params = sampling_from_args(args)
     assert (params.stop, params.temperature, params.max_tokens, args.tier) == (("a,b", "c"), 0.5, 7, "fast")
-    chat = sampling_from_args(build_parser().parse_args(["chat"]))
+    chat = sampling_from_args(parser.parse_args(["chat"]))
     assert (chat.temperature, chat.max_tokens, chat.stop) == (0.0, 128, ())  # greedy and short on the command line
     with pytest.raises(SystemExit):  # the one list of dtypes gives the choices
-        build_parser().parse_args(["generate", "hi", "--dtype", "float64"])
+        parser.parse_args(["generate", "hi", "--dtype", "float64"])
 
 
 def test_ctrl_c_stops_the_server_cleanly(tiny_llama_dir):
