@@ -470,196 +470,6 @@ inline void dequant_group_v(const uint8_t* row, int64_t g, vfloat* w) {
 #endif
 
 
-// ---- the 32-weight types on 8-lane builds: scales out of the inner product -------------------
-// On AVX2 builds (not AVX-512: its table lookup dequantizes a Q4 block in three instructions) a
-// Q4_0, Q4_1 or Q8_0 block's part of an output is computed as
-//   d * sum_j q_j x_j  +  m * sum_j x_j      (m = -8 d for Q4_0; no second term for Q8_0)
-// with the integer quants q_j converted to fp32 (exact) instead of dequantized: the scale and
-// minimum are applied once per block instead of once per weight, and sum_j x_j, the block sums
-// of the activation row, is computed once per row for all N weight rows. The order is fixed:
-//   t_b = q_0..7 x_0..7, then FMA(q_8..15, x_8..15, t_b), ... (four 8-lane products, in order)
-//   acc = FMA(d_b, t_b, acc)                     one 8-lane accumulator per output, b in order
-//   mt  = FMA(m_b, s_b, mt)                      one scalar chain per output, b in order
-//   out = hsum(acc) + mt
-// Every path of these builds (direct rows, the buffered chunk) does exactly these operations, so
-// a row's result does not depend on its batch. The sum is the exact product's to fp32 rounding
-// (not the dequantize-first rounding: d q_j + m is no longer rounded per weight).
-#if FM_AVX2 && !FM_AVX512
-#define FM_QSUM 1
-#else
-#define FM_QSUM 0
-#endif
-
-#if FM_QSUM
-// A block's integer quants as fp32 (weights 0-7, 8-15, 16-23, 24-31), its scale d and its
-// minimum m (-8 d for Q4_0, exact; 0 for Q8_0, unused).
-template <int QT>
-inline void block_quants(const uint8_t* b, __m256* q, float& d, float& m) {
-  const __m128 dm = block_scales(b, QT == kQ4_1);
-  d = _mm_cvtss_f32(dm);
-  if constexpr (QT == kQ8_0) {
-    m = 0.0f;
-    for (int j = 0; j < 4; ++j)
-      q[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * j))));
-    return;
-  }
-  m = QT == kQ4_1 ? _mm_cvtss_f32(_mm_movehdup_ps(dm)) : -8.0f * d;
-  const uint8_t* qs = b + (QT == kQ4_1 ? 4 : 2);
-  const __m256i mask = _mm256_set1_epi32(0x0F);  // byte j holds weights j (low nibble) and j + 16
-  const __m256i lo8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
-  const __m256i hi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));
-  q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(lo8, mask));
-  q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(hi8, mask));
-  q[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(lo8, 4));
-  q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(hi8, 4));
-}
-
-// t_b: the block's quants against its 32 activations, four 8-lane products in order.
-inline __m256 block_dot(const __m256* q, const float* x) {
-  __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(x));
-  t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(x + 8), t);
-  t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(x + 16), t);
-  return _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x + 24), t);
-}
-
-// s_b: the sums of each 32-value block of M activation rows, (M, K / 32).
-std::vector<float> block_sums(const float* x, int64_t M, int64_t K) {
-  const int64_t nb = K / kBlock;
-  std::vector<float> s(M * nb);
-  for (int64_t i = 0; i < M * nb; ++i) {
-    const float* xb = x + i * kBlock;  // rows are contiguous: block i of the flattened x
-    const __m256 a = _mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8));
-    const __m256 c = _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24));
-    s[i] = hsum(_mm256_add_ps(a, c));
-  }
-  return s;
-}
-
-// NR weight rows x MR activation rows straight from the blocks, in the order above.
-template <int QT, int NR, int MR>
-inline void rows_qsum_f32(const uint8_t* w, int64_t row_bytes, int64_t nb, const float* x, int64_t ldx,
-                          const float* xs, float* out, int64_t ldo) {
-  constexpr int64_t BB = block_bytes_of(QT);
-  // Prefetch. At one activation row the NR rows are read as one stream: they lie back to back, so
-  // each step asks for the next NR * BB bytes of that stream, 4 KB ahead (one or two lines, where
-  // a request per row and block asked for the same lines up to three times: Q8_0's 34-byte blocks
-  // stream about a quarter faster so). More rows keep rows_direct_f32's request per row and block.
-  constexpr int64_t kAhead = MR == 1 ? 4096 : MR == 2 ? 1024 : 256;
-  __m256 acc[NR][MR];
-  float mt[NR][MR];
-  for (int n = 0; n < NR; ++n)
-    for (int m = 0; m < MR; ++m) {
-      acc[n][m] = _mm256_setzero_ps();
-      mt[n][m] = 0.0f;
-    }
-  for (int64_t b = 0; b < nb; ++b) {
-    if constexpr (MR == 1)
-      for (int64_t off = 0; off < NR * BB; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(w + b * NR * BB + off + kAhead), _MM_HINT_T0);
-    for (int n = 0; n < NR; ++n) {
-      const uint8_t* blk = w + n * row_bytes + b * BB;
-      if constexpr (MR > 1) _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead), _MM_HINT_T0);
-      __m256 q[4];
-      float d, mn;
-      block_quants<QT>(blk, q, d, mn);
-      const __m256 dv = _mm256_set1_ps(d);
-      for (int m = 0; m < MR; ++m) {
-        acc[n][m] = _mm256_fmadd_ps(dv, block_dot(q, x + m * ldx + b * kBlock), acc[n][m]);
-        if constexpr (QT != kQ8_0) mt[n][m] = std::fma(mn, xs[m * nb + b], mt[n][m]);
-      }
-    }
-  }
-  for (int n = 0; n < NR; ++n)
-    for (int m = 0; m < MR; ++m) out[m * ldo + n] = QT == kQ8_0 ? hsum(acc[n][m]) : hsum(acc[n][m]) + mt[n][m];
-}
-
-// The buffered form (more than kDirectMaxRows activation rows): a chunk of weight rows converted
-// once to quants (rows of K floats), scales (rows of nb) and minimums (transposed: nb rows of
-// kQChunk, so the minimum terms of 8 outputs run as the 8 lanes of one vector).
-constexpr int64_t kQChunk = 24;  // a multiple of 8 and of every tile width below (6, 4, 3, 2)
-
-template <int QT>
-inline void quants_rows(const uint8_t* wp, int64_t row_bytes, int64_t n0, int64_t n1, int64_t nb, float* qb, float* db,
-                        float* mb) {
-  std::fill_n(mb, nb * kQChunk, 0.0f);
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* wrow = wp + n * row_bytes;
-    float* o = qb + (n - n0) * nb * kBlock;
-    for (int64_t b = 0; b < nb; ++b, o += kBlock) {
-      __m256 q[4];
-      float d, m;
-      block_quants<QT>(wrow + b * block_bytes_of(QT), q, d, m);
-      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + 8 * j, q[j]);
-      db[(n - n0) * nb + b] = d;
-      mb[b * kQChunk + (n - n0)] = m;
-    }
-  }
-}
-
-// hsum(acc) of NR x MR outputs over a chunk's converted rows (q: NR rows of K; d: NR rows of nb).
-template <int NR, int MR>
-inline void tile_qsum(const float* q, const float* d, int64_t nb, const float* x, int64_t ldx, float* out, int64_t ldo) {
-  const int64_t K = nb * kBlock;
-  __m256 acc[NR][MR];
-  for (int n = 0; n < NR; ++n)
-    for (int m = 0; m < MR; ++m) acc[n][m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int n = 0; n < NR; ++n) {
-      const float* qn = q + n * K + b * kBlock;
-      const __m256 qv[4] = {_mm256_loadu_ps(qn), _mm256_loadu_ps(qn + 8), _mm256_loadu_ps(qn + 16),
-                            _mm256_loadu_ps(qn + 24)};
-      const __m256 dv = _mm256_broadcast_ss(d + n * nb + b);
-      for (int m = 0; m < MR; ++m) acc[n][m] = _mm256_fmadd_ps(dv, block_dot(qv, x + m * ldx + b * kBlock), acc[n][m]);
-    }
-  }
-  for (int n = 0; n < NR; ++n)
-    for (int m = 0; m < MR; ++m) out[m * ldo + n] = hsum(acc[n][m]);
-}
-
-template <int MR>
-inline void sweep_qsum(const float* q, const float* d, int64_t nrows, int64_t nb, const float* x, int64_t ldx, float* out,
-                       int64_t ldo) {
-  constexpr int NR = MR == 1 ? 6 : MR == 2 ? 4 : MR == 3 ? 3 : 2;  // NR x MR accumulators, 4 quants, t, d
-  const int64_t K = nb * kBlock;
-  int64_t n = 0;
-  for (; n + NR <= nrows; n += NR) tile_qsum<NR, MR>(q + n * K, d + n * nb, nb, x, ldx, out + n, ldo);
-  for (; n < nrows; ++n) tile_qsum<1, MR>(q + n * K, d + n * nb, nb, x, ldx, out + n, ldo);
-}
-
-template <int QT>
-void matmul_qsum_buffered(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes,
-                          const float* xs, float* op) {
-  const int64_t nb = K / kBlock;
-  at::parallel_for(0, (N + kQChunk - 1) / kQChunk, 1, [&](int64_t c0, int64_t c1) {
-    std::vector<float> qb(kQChunk * K), db(kQChunk * nb), mb(nb * kQChunk);  // at most 110 KB
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t n0 = c * kQChunk, nrows = std::min(N, n0 + kQChunk) - n0;
-      quants_rows<QT>(wp, row_bytes, n0, n0 + nrows, nb, qb.data(), db.data(), mb.data());
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) sweep_qsum<4>(qb.data(), db.data(), nrows, nb, xp + m * K, K, op + m * N + n0, N);
-      switch (M - m) {
-        case 3: sweep_qsum<3>(qb.data(), db.data(), nrows, nb, xp + m * K, K, op + m * N + n0, N); break;
-        case 2: sweep_qsum<2>(qb.data(), db.data(), nrows, nb, xp + m * K, K, op + m * N + n0, N); break;
-        case 1: sweep_qsum<1>(qb.data(), db.data(), nrows, nb, xp + m * K, K, op + m * N + n0, N); break;
-      }
-      if constexpr (QT == kQ8_0) continue;
-      for (int64_t r = 0; r < M; ++r) {  // + mt: 8 outputs' chains as the lanes of one vector
-        float* o = op + r * N + n0;
-        for (int64_t v = 0; v < nrows; v += 8) {
-          __m256 mt = _mm256_setzero_ps();
-          for (int64_t b = 0; b < nb; ++b)
-            mt = _mm256_fmadd_ps(_mm256_loadu_ps(mb.data() + b * kQChunk + v), _mm256_set1_ps(xs[r * nb + b]), mt);
-          alignas(32) float lanes[8];
-          _mm256_store_ps(lanes, mt);
-          for (int64_t i = 0; i < std::min<int64_t>(8, nrows - v); ++i) o[v + i] = o[v + i] + lanes[i];
-        }
-      }
-    }
-  });
-}
-#endif
-
-
 // ---- fp32 activations (the default) ----------------------------------------
 // Each task dequantizes a chunk of weight rows to the exact fp32 values the
 // file encodes (d q + m) into a buffer that stays in cache, then multiplies it
@@ -793,49 +603,32 @@ inline void rows_direct_f32(const uint8_t* w, int64_t row_bytes, int64_t nb, con
 // Weight rows [n0, n1) against MR activation rows, directly from the blocks.
 template <int QT, int MR>
 inline void sweep_direct(const uint8_t* wp, int64_t row_bytes, int64_t n0, int64_t n1, int64_t nb, const float* x,
-                         int64_t ldx, const float* xs, float* out, int64_t ldo) {
+                         int64_t ldx, float* out, int64_t ldo) {
   // Weight rows in flight: each output's accumulator is one chain of kPerBlock FMAs per block,
   // so one activation row needs several rows in flight to keep the FMA units busy (on AVX2,
   // chosen by A/B builds: three, four were no better, two slower); more rows bring their own
   // chains. AVX-512 has twice the registers and half the chain per block.
   constexpr int NR = kRegs == 32 ? (MR == 1 ? 4 : MR <= 4 ? 3 : 2) : (MR == 1 ? 3 : MR <= 4 ? 2 : 1);
   int64_t n = n0;
-#if FM_QSUM
-  if constexpr (is_simple(QT)) {
-    for (; n + NR <= n1; n += NR) rows_qsum_f32<QT, NR, MR>(wp + n * row_bytes, row_bytes, nb, x, ldx, xs, out + n, ldo);
-    for (; n < n1; ++n) rows_qsum_f32<QT, 1, MR>(wp + n * row_bytes, row_bytes, nb, x, ldx, xs, out + n, ldo);
-    return;
-  }
-#endif
   for (; n + NR <= n1; n += NR) rows_direct_f32<QT, NR, MR>(wp + n * row_bytes, row_bytes, nb, x, ldx, out + n, ldo);
   for (; n < n1; ++n) rows_direct_f32<QT, 1, MR>(wp + n * row_bytes, row_bytes, nb, x, ldx, out + n, ldo);
 }
 
 template <int QT>
 void matmul_f32(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, float* op) {
-#if FM_QSUM
-  std::vector<float> sums;  // the activations' block sums, for the minimum terms
-  if constexpr (QT == kQ4_0 || QT == kQ4_1) sums = block_sums(xp, M, K);
-  const float* xs = sums.data();
-  if constexpr (is_simple(QT)) {
-    if (M > kDirectMaxRows) return matmul_qsum_buffered<QT>(xp, M, K, wp, N, row_bytes, xs, op);
-  }
-#else
-  const float* xs = nullptr;
-#endif
   if (M <= kDirectMaxRows) {  // decode at small batch, verifications: stream the weights once, no buffer
     const int64_t nb = K / kBlock;
     at::parallel_for(0, (N + 11) / 12, 3, [&](int64_t t0, int64_t t1) {
       const int64_t n0 = t0 * 12, n1 = std::min(N, t1 * 12);
       switch (M) {
-        case 8: sweep_direct<QT, 8>(wp, row_bytes, n0, n1, nb, xp, K, xs, op, N); break;
-        case 7: sweep_direct<QT, 7>(wp, row_bytes, n0, n1, nb, xp, K, xs, op, N); break;
-        case 6: sweep_direct<QT, 6>(wp, row_bytes, n0, n1, nb, xp, K, xs, op, N); break;
-        case 5: sweep_direct<QT, 5>(wp, row_bytes, n0, n1, nb, xp, K, xs, op, N); break;
-        case 4: sweep_direct<QT, 4>(wp, row_bytes, n0, n1, nb, xp, K, xs, op, N); break;
-        case 3: sweep_direct<QT, 3>(wp, row_bytes, n0, n1, nb, xp, K, xs, op, N); break;
-        case 2: sweep_direct<QT, 2>(wp, row_bytes, n0, n1, nb, xp, K, xs, op, N); break;
-        default: sweep_direct<QT, 1>(wp, row_bytes, n0, n1, nb, xp, K, xs, op, N); break;
+        case 8: sweep_direct<QT, 8>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        case 7: sweep_direct<QT, 7>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        case 6: sweep_direct<QT, 6>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        case 5: sweep_direct<QT, 5>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        case 4: sweep_direct<QT, 4>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        case 3: sweep_direct<QT, 3>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        case 2: sweep_direct<QT, 2>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
+        default: sweep_direct<QT, 1>(wp, row_bytes, n0, n1, nb, xp, K, op, N); break;
       }
     });
     return;

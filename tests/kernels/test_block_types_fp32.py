@@ -1,8 +1,8 @@
 """The 32-weight types' fp32-activation path in the shapes that stress its bookkeeping: one block,
 an odd number of blocks, output counts no tile width divides, every row count of the direct path
-and past it. Against the float64 product of the blocks' exact values, with the rounding bound of
-the arithmetic the kernels document (a block's part is d * sum q x + m * sum x on AVX2 builds,
-sum (d q + m) x elsewhere), and row for row against the same row computed alone."""
+and past it. Against the float64 product of the blocks' exact values, within a rounding bound
+that covers the dequantize-first arithmetic (sum (d q + m) x, d q + m rounded per weight), and row
+for row against the same row computed alone."""
 
 from __future__ import annotations
 
