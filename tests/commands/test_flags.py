@@ -26,6 +26,7 @@ class Options:
     even: int = field(default=0, metadata={"parse": _even, "aliases": ("e",), "metavar": "N"})  # an even number
     tags: tuple[str, ...] = ()  # tags
     verbose: bool = False  # say more
+    spread: int = field(default=3, metadata={"metavar": "K"})  # a declaration over several lines keeps its help
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,6 +85,7 @@ def test_help_shows_comment_default_and_metavar():
     text = _parser().format_help()
     assert "--even N, --e N" in text and "an even number (default: 0)" in text
     assert "sizes, comma-separated (default: 1,2)" in text and "--verbose, --no-verbose" in text
+    assert "a declaration over several lines keeps its help (default: 3)" in " ".join(text.split())
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,12 @@ values that are not int, float or str; it may raise argparse.ArgumentTypeError),
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
 import inspect
 import re
+import textwrap
 import types
 import typing
 from typing import Any
@@ -27,13 +30,23 @@ from typing import Any
 _NONE_WORDS = ("none", "null", "off")
 
 
+@functools.cache
 def _comments(cls: type) -> dict[str, str]:
-    """Field name -> its trailing `# comment` in the class source (the flag's help)."""
+    """Field name -> the `# comment` that ends its declaration in the class source (the flag's help),
+    also when the declaration spans lines (`x: int = field(\n ...\n)  # help`). Read once per class:
+    `inspect.getsource` parses the whole module (seconds for a parser of every command)."""
     try:
-        src = inspect.getsource(cls)
+        src = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
         return {}
-    return {m[1]: m[2].strip() for m in re.finditer(r"^\s+(\w+):[^#\n]*#\s*(.+)$", src, re.M)}
+    lines = src.splitlines()
+    out = {}
+    for node in ast.parse(src).body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            m = re.search(r"#\s*(.+)$", lines[node.end_lineno - 1][node.end_col_offset :])
+            if m:
+                out[node.target.id] = m[1].strip()
+    return out
 
 
 def _parser_for(tp: Any, repeated: bool, custom: Any = None):
