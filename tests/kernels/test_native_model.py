@@ -92,17 +92,20 @@ def test_fused_decode_step_matches_the_per_layer_path(native, monkeypatch):
     assert [o.token_ids for o in native.generate(prompts, sp)] == want
 
 
-def test_spark_runs_q8_0_layers_and_drafts_losslessly(native):
-    """On a native teacher Spark's layers are re-encoded as Q8_0 for the kernels, and greedy
-    draft-model speculation with it (catch-up spans, then single-token decode rounds) is exact."""
+def test_spark_runs_on_the_kernels_and_drafts_losslessly(native):
+    """On a native teacher Spark's layers run on the kernels (a q4_1 file's as its own Q4_1 blocks,
+    any other format's re-encoded as Q8_0), and greedy draft-model speculation with it (catch-up
+    spans, then single-token decode rounds) is exact."""
+    from fastmode.distill.export import read_spark
     from fastmode.distill.spark import find_spark, load_spark
 
     folder = find_spark()
     if folder is None:
         pytest.skip("no Spark shipped or distilled")
     spark = load_spark(folder, native.engine.loaded)
+    qtype = 3 if read_spark(folder)[1]["format"] == "q4_1" else 8
     assert all(
-        isinstance(layer.mlp.down_proj, QuantLinear) and layer.mlp.down_proj.qtype == 8 for layer in spark.layers
+        isinstance(layer.mlp.down_proj, QuantLinear) and layer.mlp.down_proj.qtype == qtype for layer in spark.layers
     )
     spec = LLM(speculative="draft", speculative_tiers="standard,fast", speculative_min_gain=0.0)
     assert spec.engine.drafter is not None
