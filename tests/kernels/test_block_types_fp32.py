@@ -10,20 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from fastmode.kernels import ISA_PATHS, isa_unavailable_reason, ops, unavailable_reason
+from fastmode.kernels import ISA_PATHS
+from tests.kernels.test_isa_paths import path_ops
 
 QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 EPS32 = float(np.finfo(np.float32).eps)
-
-
-def path_ops(name: str):
-    why = isa_unavailable_reason(name)
-    if why is not None:
-        pytest.skip(f"{name}: {why}")
-    k = ops(name)
-    if k is None:
-        pytest.skip(f"{name}: {unavailable_reason(name)}")
-    return k
 
 
 def weight(qtype: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]:
