@@ -120,10 +120,53 @@ def test_distill_flags_default_to_the_training_configs():
         "quantize_aware_from",
     ):
         assert getattr(flags, name) == getattr(train, name), name
-    for name in ("model", "resume", "max_steps", "max_minutes", "checkpoint_every", "mix", "answer_max_tokens"):
+    for name in (
+        "model",
+        "resume",
+        "init_from",
+        "max_steps",
+        "max_minutes",
+        "checkpoint_every",
+        "mix",
+        "answer_max_tokens",
+    ):
         assert getattr(flags, name) == getattr(run, name), name
     assert flags.format == run.export_format and int(flags.max_mb * 1e6) == run.max_bytes == MAX_BYTES
     args = build_parser().parse_args(["distill", "--out", "runs/s", "--decay-steps", "50", "--resume"])
     assert args.out == Path("runs/s") and args.decay_steps == 50 and args.resume and args.mix == run.mix
     with pytest.raises(SystemExit):
         build_parser().parse_args(["distill", "--mix", "stdlib"])
+
+
+def test_init_from_an_exported_student(tiny_teacher, tmp_path, tiny_data):
+    """A new run from an exported student starts from its stored weights and layers, continues its log."""
+    first = _run(tiny_teacher, tmp_path / "first", max_steps=3)
+    cfg = TrainConfig(num_layers=2, seq_len=16, batch_size=2, lr=3e-3, warmup_steps=2, decay_steps=8, seed=1)
+
+    def opts(out, **kw):
+        return DistillOptions(out_dir=out, mix=MIX, progress=False, checkpoint_every=2, **kw)
+
+    # Zero steps: the exported student comes back unchanged, on the same layers.
+    same = run_distill(tiny_teacher, cfg, opts(tmp_path / "same", init_from=tmp_path / "first", max_steps=0))
+    assert same["layer_indices"] == first["layer_indices"] and same["layer_selection"] == first["layer_selection"]
+    a, b = load_spark(tmp_path / "first", tiny_teacher), load_spark(tmp_path / "same", tiny_teacher)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert same["summary"]["probe_kl_start"] == pytest.approx(same["summary"]["probe_kl_end"])
+
+    more = run_distill(tiny_teacher, cfg, opts(tmp_path / "more", init_from=tmp_path / "first", max_steps=2))
+    prior = more["summary"]["init_from"]
+    assert (prior["steps"], prior["tokens"], prior["file"]) == (3, first["summary"]["tokens"], "spark.safetensors")
+    rows = [json.loads(line) for line in (tmp_path / "more" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert rows[3]["elapsed_s"] >= rows[2]["elapsed_s"]  # the time goes on from the earlier run's
+    # Resuming such a run keeps the continued numbering.
+    more = run_distill(tiny_teacher, cfg, opts(tmp_path / "more", resume=True, max_steps=3))
+    rows = [json.loads(line) for line in (tmp_path / "more" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6] and more["summary"]["init_from"] == prior
+
+    with pytest.raises(ValueError, match="--num-layers 2"):
+        run_distill(tiny_teacher, TrainConfig(num_layers=1), opts(tmp_path / "x", init_from=tmp_path / "first"))
+    with pytest.raises(ValueError, match="only one"):
+        run_distill(tiny_teacher, cfg, opts(tmp_path / "more", init_from=tmp_path / "first", resume=True))
+    with pytest.raises(FileNotFoundError, match="no Spark weights"):
+        run_distill(tiny_teacher, cfg, opts(tmp_path / "y", init_from=tmp_path / "nothing"))

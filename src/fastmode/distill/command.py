@@ -3,6 +3,7 @@
     fastmode distill                          # 10 of 30 layers, 60 minutes, into the cache folder
     fastmode distill --max-minutes 5 --out runs/spark-smoke
     fastmode distill --resume --out runs/spark-smoke --max-minutes 10   # continue, bit for bit
+    fastmode distill --init-from runs/spark-smoke --out runs/spark-more  # a new run from an exported student
 
 Ctrl-C stops after the current step, checkpoints and exports; --resume continues.
 See docs/spark.md for what is stored and how to measure the result.
@@ -45,6 +46,9 @@ class DistillCommandOptions:
         default=None, metadata={"parse": Path, "metavar": "DIR"}
     )  # output folder (none: <cache>/spark/<teacher>-spark)
     resume: bool = False  # continue the checkpoint in --out
+    init_from: Path | None = field(
+        default=None, metadata={"parse": Path, "metavar": "SPARK"}
+    )  # start from this exported student (file or folder), not from the teacher's layers; fresh optimizer
     num_layers: int = 10  # student layers
     select_layers: str = field(
         default="importance", metadata={"choices": ("importance", "even")}
@@ -128,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         export_format=args.format,
         max_bytes=int(args.max_mb * 1e6),
         importance_windows=args.importance_windows,
+        init_from=args.init_from,
     )
     try:
         info = run_distill(teacher, cfg, opts)

@@ -4,7 +4,8 @@ Files in the output folder:
 
     answers.jsonl      the teacher's answers to prompts.txt (generated once, reused)
     checkpoint.pt      student + AdamW + RNG + stream position (every --checkpoint-every steps)
-    train_log.jsonl    one line per step: losses, learning rate, elapsed seconds
+    train_log.jsonl    one line per step: losses, learning rate, elapsed seconds (a run started
+                       with `init_from` begins with the lines of the student it started from)
     spark.safetensors  the exported student (layers + final norm) with its JSON record
     spark.json         a readable copy of that record
 """
@@ -22,11 +23,21 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fastmode.config import ModelConfig
 from fastmode.distill.answers import load_prompts, teacher_answers
 from fastmode.distill.corpus import Document, keep_clean, shakespeare_documents, stdlib_documents, text_pieces
 from fastmode.distill.defaults import DEFAULT_MIX
-from fastmode.distill.export import MAX_BYTES, choose_format, save_spark, teacher_identity
+from fastmode.distill.export import (
+    MAX_BYTES,
+    choose_format,
+    decode,
+    read_spark,
+    save_spark,
+    spark_file,
+    teacher_identity,
+)
 from fastmode.distill.forward import check_supported
 from fastmode.distill.importance import select_by_importance
 from fastmode.distill.stream import SourceCursor, WindowStream
@@ -58,6 +69,9 @@ class DistillOptions:
     export_format: str = "auto"
     max_bytes: int = MAX_BYTES
     importance_windows: int = 8  # windows of IMPORTANCE_SEQ_LEN tokens that layer importance is measured on
+    # A new run that starts from an exported student (its layers and weights) instead of the teacher's
+    # layers: the way to go on training a student whose checkpoint is gone. The optimizer starts afresh.
+    init_from: Path | None = None
     progress: bool = True
 
 
@@ -131,6 +145,44 @@ def choose_student_layers(
     return selection.layers, selection.record()
 
 
+def start_from_file(
+    path: Path, identity: dict[str, str], cfg: TrainConfig
+) -> tuple[list[int], dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """What a run started from the exported student at `path` takes from it: (layer indices,
+    layer-selection record, {"state", "record"} with its fp32 weights and lineage, its training log).
+
+    ValueError if it is not a student of this teacher, or has another number of layers than `cfg`.
+    """
+    file = spark_file(path)
+    tensors, info = read_spark(file)
+    if info["teacher"]["sha256"] != identity["sha256"]:
+        raise ValueError(
+            f"{file} was distilled from {info['teacher']['name']}, not from this teacher ({identity['name']})"
+        )
+    layers = list(info["layer_indices"])
+    if len(layers) != cfg.num_layers:
+        raise ValueError(f"{file} has {len(layers)} layers; pass --num-layers {len(layers)} to train it on")
+    prior = info.get("summary", {})
+    record = {
+        "file": file.name,
+        "format": info.get("format"),
+        "steps": prior.get("steps", 0),
+        "tokens": prior.get("tokens", 0),
+        "train_minutes": prior.get("train_minutes", 0.0),
+        "config": prior.get("config"),
+        "init_from": prior.get("init_from"),  # the student that one started from, and so on
+    }
+    log_path = file.with_name("train_log.jsonl")
+    rows = [json.loads(ln) for ln in log_path.read_text().splitlines() if ln] if log_path.exists() else []
+    state = decode(tensors, torch.float32)  # the trainer keeps fp32 weights
+    return (
+        layers,
+        info.get("layer_selection") or {"method": "file", "layers": layers},
+        {"state": state, "record": record},
+        rows,
+    )
+
+
 def _truncate_log(path: Path, last_step: int) -> None:
     # Steps after the checkpoint are redone on resume; drop their old lines so each step appears once.
     if path.exists():
@@ -173,6 +225,8 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
         raise FileExistsError(f"{ckpt_path} exists: pass --resume to continue it, or choose another --out")
     if opts.resume and not ckpt_path.exists():
         raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_path}")
+    if opts.resume and opts.init_from is not None:
+        raise ValueError("--init-from starts a new run and --resume continues one: pass only one of them")
     identity = teacher_identity(teacher.path)
     fmt = stored_format(teacher, cfg, opts)
     state = load_checkpoint(ckpt_path) if opts.resume else None
@@ -205,8 +259,23 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
         trainer = Trainer(teacher.model, stream, cfg, state["layer_indices"])  # the layers chosen at the start
         trainer.load_state_dict(state)
         extra = state["extra"]
-        _truncate_log(log_path, trainer.step)
+        _truncate_log(log_path, extra.get("step_offset", 0) + trainer.step)
         log.info("resumed at step %d", trainer.step)
+    elif opts.init_from is not None:
+        layers, extra["layer_selection"], start, prior_rows = start_from_file(opts.init_from, identity, cfg)
+        trainer = Trainer(teacher.model, stream, cfg, layers)
+        missing, unexpected = trainer.student.load_state_dict(start["state"], strict=False)
+        if unexpected or any(k.startswith(("layers.", "norm.")) for k in missing):
+            raise ValueError(
+                f"{opts.init_from}: stored student does not match: missing {missing}, unexpected {unexpected}"
+            )
+        extra["init_from"] = start["record"]
+        # Log lines continue the earlier student's: steps and elapsed time count from where it stopped.
+        extra["step_offset"] = prior_rows[-1]["step"] if prior_rows else start["record"]["steps"]
+        extra["elapsed_offset_s"] = prior_rows[-1]["elapsed_s"] if prior_rows else 0.0
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in prior_rows))
+        extra["probe_kl_start"] = trainer.evaluate(probe_batch).kl
+        log.info("started from %s (%d steps before)", opts.init_from, extra["step_offset"])
     else:
         layers, extra["layer_selection"] = choose_student_layers(teacher, cfg, sources, opts)
         trainer = Trainer(teacher.model, stream, cfg, layers)
@@ -232,12 +301,12 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
             last_step_s = time.perf_counter() - t0
             extra["elapsed_s"] += last_step_s
             row = {
-                "step": trainer.step,
+                "step": extra.get("step_offset", 0) + trainer.step,
                 "kl": parts.kl,
                 "ce": parts.ce,
                 "loss": parts.total,
                 "lr": cfg.lr_at(trainer.step - 1),
-                "elapsed_s": round(extra["elapsed_s"], 2),
+                "elapsed_s": round(extra.get("elapsed_offset_s", 0.0) + extra["elapsed_s"], 2),
             }
             log_file.write(json.dumps(row) + "\n")
             log_file.flush()
@@ -265,6 +334,7 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
             "tokens": trainer.tokens_seen,
             "train_minutes": round(extra["elapsed_s"] / 60, 2),
             "quantize_aware_from": cfg.quantize_aware_from,
+            "init_from": extra.get("init_from"),
             "data_mix": stream.fractions,
             "data_pieces": {name: len(docs) for name, docs in sources.items()},
             "probe_kl_start": extra.get("probe_kl_start"),
