@@ -15,6 +15,7 @@ from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from fastmode.distill.export import decode, is_spark, read_spark, teacher_identity
@@ -70,11 +71,13 @@ def load_spark(path: str | Path, teacher: LoadedModel, check_teacher: bool = Tru
     num_layers = len(info["layer_indices"])
     cfg = replace(teacher.config, num_layers=num_layers)
     state = decode(tensors, teacher.dtype)
-    layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(num_layers))
-    norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-    layers.load_state_dict({k.removeprefix("layers."): v for k, v in state.items() if k.startswith("layers.")})
-    norm.load_state_dict({"weight": state["norm.weight"]})
-    model = assemble(teacher.model, layers.to(teacher.dtype), norm.to(teacher.dtype), spark_name(teacher.name))
+    with torch.device("meta"):  # no default init: every weight comes from the file (assign=True below)
+        layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(num_layers))
+        norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+    layer_state = {k.removeprefix("layers."): v for k, v in state.items() if k.startswith("layers.")}
+    layers.load_state_dict(layer_state, assign=True)
+    norm.load_state_dict({"weight": state["norm.weight"]}, assign=True)
+    model = assemble(teacher.model, layers, norm, spark_name(teacher.name))
     kernels = getattr(teacher.model.norm, "kernels", None)
     if kernels is not None:  # a teacher on fastmode's kernels: the student's layers run on them too
         from fastmode.models.quant_linear import GGML_TYPES, QuantLinear, quantize_layers
