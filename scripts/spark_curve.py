@@ -23,6 +23,8 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+
 from fastmode.distill.spark import packaged_spark_dir
 
 TARGET_SHARE = 0.6  # of the teacher's accuracy
@@ -44,10 +46,8 @@ def lineage_tokens(folder: Path) -> int:
 
 def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """(intercept, slope) of the least-squares line through (xs, ys)."""
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    return my - slope * mx, slope
+    slope, intercept = np.polyfit(xs, ys, 1)
+    return float(intercept), float(slope)
 
 
 def curve(rows: list[dict], tokens_per_step: int, bin_steps: int, fit_from: int) -> None:

@@ -145,11 +145,19 @@ def choose_student_layers(
     return selection.layers, selection.record()
 
 
-def start_from_file(
-    path: Path, identity: dict[str, str], cfg: TrainConfig
-) -> tuple[list[int], dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
-    """What a run started from the exported student at `path` takes from it: (layer indices,
-    layer-selection record, {"state", "record"} with its fp32 weights and lineage, its training log).
+@dataclass(frozen=True)
+class StartingPoint:
+    """What a run started from an exported student (`init_from`) takes from it."""
+
+    layers: list[int]
+    layer_selection: dict[str, Any]
+    weights: dict[str, Any]  # the student's own tensors, fp32
+    record: dict[str, Any]  # the earlier run, kept under summary.init_from
+    log_rows: list[dict[str, Any]]  # its train_log.jsonl lines
+
+
+def start_from_file(path: Path, identity: dict[str, str], cfg: TrainConfig) -> StartingPoint:
+    """Read the exported student at `path` as the start of a new run.
 
     ValueError if it is not a student of this teacher, or has another number of layers than `cfg`.
     """
@@ -174,12 +182,12 @@ def start_from_file(
     }
     log_path = file.with_name("train_log.jsonl")
     rows = [json.loads(ln) for ln in log_path.read_text().splitlines() if ln] if log_path.exists() else []
-    state = decode(tensors, torch.float32)  # the trainer keeps fp32 weights
-    return (
-        layers,
-        info.get("layer_selection") or {"method": "file", "layers": layers},
-        {"state": state, "record": record},
-        rows,
+    return StartingPoint(
+        layers=layers,
+        layer_selection=info.get("layer_selection") or {"method": "file", "layers": layers},
+        weights=decode(tensors, torch.float32),  # the trainer keeps fp32 weights
+        record=record,
+        log_rows=rows,
     )
 
 
@@ -262,18 +270,14 @@ def run_distill(teacher: LoadedModel, cfg: TrainConfig, opts: DistillOptions) ->
         _truncate_log(log_path, extra.get("step_offset", 0) + trainer.step)
         log.info("resumed at step %d", trainer.step)
     elif opts.init_from is not None:
-        layers, extra["layer_selection"], start, prior_rows = start_from_file(opts.init_from, identity, cfg)
-        trainer = Trainer(teacher.model, stream, cfg, layers)
-        missing, unexpected = trainer.student.load_state_dict(start["state"], strict=False)
-        if unexpected or any(k.startswith(("layers.", "norm.")) for k in missing):
-            raise ValueError(
-                f"{opts.init_from}: stored student does not match: missing {missing}, unexpected {unexpected}"
-            )
-        extra["init_from"] = start["record"]
+        start = start_from_file(opts.init_from, identity, cfg)
+        trainer = Trainer(teacher.model, stream, cfg, start.layers)
+        trainer.load_student(start.weights, str(opts.init_from))
+        extra["layer_selection"], extra["init_from"] = start.layer_selection, start.record
         # Log lines continue the earlier student's: steps and elapsed time count from where it stopped.
-        extra["step_offset"] = prior_rows[-1]["step"] if prior_rows else start["record"]["steps"]
-        extra["elapsed_offset_s"] = prior_rows[-1]["elapsed_s"] if prior_rows else 0.0
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in prior_rows))
+        last = start.log_rows[-1] if start.log_rows else {"step": start.record["steps"], "elapsed_s": 0.0}
+        extra["step_offset"], extra["elapsed_offset_s"] = last["step"], last["elapsed_s"]
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in start.log_rows))
         extra["probe_kl_start"] = trainer.evaluate(probe_batch).kl
         log.info("started from %s (%d steps before)", opts.init_from, extra["step_offset"])
     else:

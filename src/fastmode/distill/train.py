@@ -156,6 +156,12 @@ class Trainer:
         quantization-aware, of the weights as they will be stored."""
         return self._loss(batch, backward=False)
 
+    def load_student(self, weights: dict[str, torch.Tensor], source: str) -> None:
+        """Set the student's own tensors (layers + final norm); ValueError naming `source` if they do not fit."""
+        missing, unexpected = self.student.load_state_dict(weights, strict=False)
+        if unexpected or any(k.startswith(("layers.", "norm.")) for k in missing):
+            raise ValueError(f"{source} student does not match: missing {missing}, unexpected {unexpected}")
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
@@ -176,9 +182,7 @@ class Trainer:
             raise ValueError(
                 f"checkpoint was made with other settings (checkpoint, now): {diff or state['layer_indices']}"
             )
-        missing, unexpected = self.student.load_state_dict(state["student"], strict=False)
-        if unexpected or any(k.startswith(("layers.", "norm.")) for k in missing):
-            raise ValueError(f"checkpoint student does not match: missing {missing}, unexpected {unexpected}")
+        self.load_student(state["student"], "checkpoint")
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
