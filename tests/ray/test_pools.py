@@ -13,11 +13,11 @@ from fastmode.engine.tiers import Tier
 from fastmode.planner.fleet import FleetPlan, TierPlan
 from fastmode.ray.admission import PoolAdmission, PoolCapacity
 from fastmode.ray.pools import POOL_DEFAULTS, deployment_name, parse_pools
-from fastmode.server.admission import TierChoice
 from fastmode.server.config import ServerConfig
-from fastmode.server.errors import ApiError
+from fastmode.server.edge.admission import TierChoice
+from fastmode.server.edge.errors import ApiError
+from fastmode.server.edge.ratelimit import RateLimiter
 from fastmode.server.metrics import ServerMetrics
-from fastmode.server.ratelimit import RateLimiter
 
 
 def test_single_machine_server_and_the_ray_package_do_not_import_ray():

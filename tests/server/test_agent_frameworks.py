@@ -3,7 +3,7 @@
 Each test runs a real agent loop of openai-agents, pydantic-ai or litellm
 against one live server on 127.0.0.1 serving the embedded
 SmolLM2-135M-Instruct (the official SDKs alone, streaming and not, are tested
-in test_tools_api.py and test_responses_http.py): a function tool is
+in tools/test_tools_api.py and responses/test_http.py): a function tool is
 called, its result goes back to the model, and the final turn produces a
 structured output. The model is not trusted to choose well: each turn is
 forced (a named `tool_choice`; the tool withdrawn once it has been called),

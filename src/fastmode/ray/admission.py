@@ -1,6 +1,6 @@
 """Admission for a model whose tiers run on separate pools of replicas.
 
-The single-machine controller (server/admission.py) decides tiers, fallbacks and
+The single-machine controller (server/edge/admission.py) decides tiers, fallbacks and
 rate limits; this subclass keeps all of that and changes one thing, the queue
 bound a request is checked against. Each pool's bound is the sum over its
 replicas of what one engine holds (max_num_seqs running plus
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 from fastmode.engine.scheduler import SchedulerConfig
 from fastmode.engine.tiers import Tier
-from fastmode.server.admission import AdmissionController
 from fastmode.server.config import ServerConfig
+from fastmode.server.edge.admission import AdmissionController
+from fastmode.server.edge.ratelimit import RateLimiter
 from fastmode.server.metrics import ServerMetrics
-from fastmode.server.ratelimit import RateLimiter
 
 
 @dataclass(frozen=True)

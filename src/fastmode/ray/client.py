@@ -34,7 +34,7 @@ from fastmode.engine.tiers import Tier
 from fastmode.ray.metrics import PoolMetrics
 from fastmode.ray.wire import Chunk
 from fastmode.sampling_params import SamplingParams
-from fastmode.server.errors import ApiError
+from fastmode.server.edge.errors import ApiError
 from fastmode.speculative.policy import SpecStats
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,12 @@
 """The HTTP/WebSocket server: OpenAI and Anthropic dialects over tiered engines, one per served model.
 
-Layout follows a request: config (flags) -> app (routes, lifespan) -> state
-(the served models: served_model) ->
-openai_api / anthropic_api / responses_ws (dialects) -> admission (tier,
-lane, queue, rate limits) -> generation (engine stream, disconnects) ->
-metrics; errors renders every failure in the caller's dialect.
+Layout follows a request: config (flags) -> app (routes, lifespan) -> state (the
+served models: served_model) -> a dialect package (openai/, anthropic/, responses/),
+which renders prompts and grammars with tools/ and maps its sampling fields to
+SamplingParams -> edge/admission (tier, lane, queue, rate limits) -> generation (engine
+stream, disconnects) -> metrics. edge/ is what stands between the network and the
+engine: errors in the caller's dialect, host and origin checks, input limits, slow
+clients, admission, rate limits and the drain on shutdown.
 """
 
 from fastmode.server.config import ServerConfig

@@ -4,10 +4,10 @@
 app: the main model (named `served_model_name`, else its own name) and any
 others, each served under its own name. Every engine's background thread
 (AsyncEngine) starts with the app's lifespan and stops with it. `fastmode
-serve` drains first (server/shutdown.py): new requests are refused, in-flight
+serve` drains first (edge/shutdown.py): new requests are refused, in-flight
 ones get up to `drain_timeout_s`, and each one left receives an error, never
 silence. Middleware, outermost first: the drain gate, the Host/Origin guard
-(origin.py), CORS when configured, the body size limit (limits.py).
+(edge/origin.py), CORS when configured, the body size limit (edge/limits.py).
 """
 
 from __future__ import annotations
@@ -22,17 +22,20 @@ from starlette.middleware.cors import CORSMiddleware
 
 from fastmode.engine.llm_engine import LLMEngine
 from fastmode.engine.tiers import Tier
-from fastmode.server import anthropic_api, openai_api, responses_api, responses_ws
-from fastmode.server.admission import AdmissionController
+from fastmode.server.anthropic import api as anthropic_api
 from fastmode.server.config import ServerConfig
-from fastmode.server.conversation import ResponseStore
-from fastmode.server.errors import install_error_handlers
-from fastmode.server.limits import BodyLimit
+from fastmode.server.edge.admission import AdmissionController
+from fastmode.server.edge.errors import install_error_handlers
+from fastmode.server.edge.limits import BodyLimit
+from fastmode.server.edge.origin import OriginGuard
+from fastmode.server.edge.ratelimit import RateLimiter
+from fastmode.server.edge.shutdown import DrainGate
 from fastmode.server.metrics import CONTENT_TYPE, ServerMetrics
-from fastmode.server.origin import OriginGuard
-from fastmode.server.ratelimit import RateLimiter
+from fastmode.server.openai import api as openai_api
+from fastmode.server.responses import api as responses_api
+from fastmode.server.responses import ws as responses_ws
+from fastmode.server.responses.conversation import ResponseStore
 from fastmode.server.served_model import ServedModel
-from fastmode.server.shutdown import DrainGate
 from fastmode.server.state import ServerState, get_state
 
 log = logging.getLogger(__name__)

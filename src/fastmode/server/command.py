@@ -116,10 +116,10 @@ def run(args: argparse.Namespace) -> int:
             "--no-serve-spark turns it off",
             file=sys.stderr,
         )
-    from fastmode.server.http_timeouts import uvicorn_config
-    from fastmode.server.shutdown import DrainingServer
+    from fastmode.server.edge.shutdown import DrainingServer
+    from fastmode.server.edge.timeouts import uvicorn_config
 
-    # The app drains itself first (server/shutdown.py); uvicorn's own wait comes after, with little left.
+    # The app drains itself first (server/edge/shutdown.py); uvicorn's own wait comes after, with little left.
     config = uvicorn_config(app, server_config, log_level=args.log_level, timeout_graceful_shutdown=5)
     try:
         DrainingServer(config, app.state.fastmode, server_config.drain_timeout_s).run()

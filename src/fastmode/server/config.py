@@ -93,7 +93,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        from fastmode.server.origin import is_loopback  # origin.py reads this config
+        from fastmode.server.edge.origin import is_loopback  # origin.py reads this config
 
         if self.api_key is None and not is_loopback(self.host):
             raise ValueError(

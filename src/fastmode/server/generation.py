@@ -27,8 +27,8 @@ from fastmode.engine.async_engine import EngineClosedError
 from fastmode.engine.errors import RequestError
 from fastmode.engine.llm_engine import LLMEngine, RequestOutput
 from fastmode.sampling_params import SamplingParams, StructuredOutput
-from fastmode.server.admission import Admission
-from fastmode.server.errors import ApiError
+from fastmode.server.edge.admission import Admission
+from fastmode.server.edge.errors import ApiError
 from fastmode.server.served_model import ServedModel, api_error
 from fastmode.server.state import ServerState
 

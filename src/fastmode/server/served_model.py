@@ -14,8 +14,8 @@ from fastmode.engine.async_engine import AsyncEngine, EngineStats
 from fastmode.engine.errors import RequestError
 from fastmode.engine.llm_engine import LLMEngine
 from fastmode.sampling_params import SamplingParams
-from fastmode.server.admission import AdmissionController
-from fastmode.server.errors import ApiError
+from fastmode.server.edge.admission import AdmissionController
+from fastmode.server.edge.errors import ApiError
 
 
 @dataclass

@@ -10,11 +10,11 @@ from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection
 
 from fastmode.server.config import ServerConfig
-from fastmode.server.conversation import ResponseStore
-from fastmode.server.errors import ApiError, clip
-from fastmode.server.limits import Tokenizers, check_body
+from fastmode.server.edge.errors import ApiError, clip
+from fastmode.server.edge.limits import Tokenizers, check_body
+from fastmode.server.edge.ratelimit import RateLimiter
 from fastmode.server.metrics import ServerMetrics
-from fastmode.server.ratelimit import RateLimiter
+from fastmode.server.responses.conversation import ResponseStore
 from fastmode.server.served_model import ServedModel
 
 
@@ -27,7 +27,7 @@ class ServerState:
     responses: ResponseStore
     created_s: int = field(default_factory=lambda: int(time.time()))
     tokenizers: Tokenizers | None = None  # prompt tokenization off the event loop; from the config when None
-    draining: bool = False  # shutting down: new requests are refused (shutdown.py)
+    draining: bool = False  # shutting down: new requests are refused (edge/shutdown.py)
     websockets: set = field(default_factory=set)  # open WebSocket connections, closed with 1001 on shutdown
 
     def __post_init__(self) -> None:

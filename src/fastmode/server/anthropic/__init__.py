@@ -1,0 +1,2 @@
+"""The Anthropic dialect: `POST /v1/messages` and token counting (`api.py`) and its typed
+bodies (`models.py`)."""
