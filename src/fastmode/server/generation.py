@@ -47,16 +47,6 @@ def resolve_max_tokens(engine: LLMEngine, prompt_len: int, max_tokens: int | Non
     return room if max_tokens is None else min(max_tokens, room)
 
 
-def make_params(model: ServedModel, **kwargs) -> SamplingParams:
-    """SamplingParams from the fields a client set (None = our default); bad values -> 400.
-    What `model` cannot honour (a draft model it lacks) is its engine's to say:
-    `ServedModel.check_request`."""
-    try:
-        return SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
-    except ValueError as e:
-        raise ApiError("invalid_request", str(e)) from e
-
-
 async def check_structured(model: ServedModel, structured: StructuredOutput | None, param: str) -> None:
     """Compile a request's grammar now, on a worker thread, so a bad schema is a 400 naming
     `param` before any stream starts (the engine reuses the cached result when the request is added)."""

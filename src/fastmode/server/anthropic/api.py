@@ -33,11 +33,11 @@ from fastmode.server.generation import (
     check_structured,
     client_gone,
     collect,
-    make_params,
     resolve_max_tokens,
     sse_event,
     stop_details,
 )
+from fastmode.server.params import sampling_params
 from fastmode.server.reasoning import ReasoningParser, is_thinking_model, prompt_opens_thinking, with_thinking
 from fastmode.server.served_model import ServedModel
 from fastmode.server.state import get_state, require_api_key
@@ -152,15 +152,8 @@ async def create_message(body: MessagesRequest, request: Request):
         raise ApiError("invalid_request", str(e), param=e.param) from None
     ids = await state.tokenizers.run(_prompt_ids, model, body, tools)
     max_tokens = resolve_max_tokens(model.engine, len(ids), body.max_tokens)
-    params = make_params(
-        model,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        max_tokens=max_tokens,
-        stop=tuple(body.stop_sequences or ()),
-        speculative=body.speculative,
-        structured=grammar,
+    params = sampling_params(
+        body.sampling(), max_tokens=max_tokens, vocab_size=model.tokenizer.vocab_size, structured=grammar
     )
     await check_structured(model, grammar, "tools")
     model.check_request(ids, params, "messages")  # a 400 before admission, as in the other dialects

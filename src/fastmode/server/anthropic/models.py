@@ -12,8 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fastmode.server.edge.errors import ApiError, validation_message
-from fastmode.server.openai.models import Speculative  # the same extension everywhere
-from fastmode.server.params import Temperature1, TopK, TopP
+from fastmode.server.params import ApiSampling, Speculative, Temperature1, TopK, TopP
 from fastmode.server.tools.specs import ToolChoice, ToolSpec
 
 THINKING_TYPES = ("enabled", "adaptive", "disabled")
@@ -160,6 +159,15 @@ class MessagesRequest(_Strict):
     cache_control: dict[str, Any] | None = None  # accepted: the prefix cache here is automatic
     user_profile_id: str | None = None  # attribution only
     workspace_id: str | None = None  # attribution only
+
+    def sampling(self) -> ApiSampling:
+        return ApiSampling(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop=tuple(self.stop_sequences or ()),
+            speculative=self.speculative,
+        )
 
     def unsupported(self) -> None:
         checks = [

@@ -40,7 +40,6 @@ from fastmode.server.generation import (
     client_gone,
     collect_all,
     interleave,
-    make_params,
     resolve_max_tokens,
     sse_event,
 )
@@ -52,6 +51,7 @@ from fastmode.server.openai.models import (
     SamplingFields,
     chat_messages,
 )
+from fastmode.server.params import sampling_params
 from fastmode.server.reasoning import (
     is_thinking_model,
     prompt_opens_thinking,
@@ -124,21 +124,12 @@ async def _prepare(
     """Validate lengths, sampling, the request and the grammar, then admit: nothing after this can fail before the
     stream starts."""
     max_tokens = resolve_max_tokens(model.engine, len(ids), max_tokens, param)
-    params = make_params(
-        model,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        seed=body.seed,
+    params = sampling_params(
+        body.sampling(),
         max_tokens=max_tokens,
-        stop=body.stop_list(),
-        ignore_eos=body.ignore_eos,
-        speculative=body.speculative,
+        vocab_size=model.tokenizer.vocab_size,
         structured=structured,
         logprobs=logprobs,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        logit_bias=body.logit_bias_pairs(model.tokenizer.vocab_size) or None,
     )
     model.check_request(ids, params, prompt_param)
     await check_structured(model, structured, structured_param)

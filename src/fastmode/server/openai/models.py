@@ -14,14 +14,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fastmode.sampling_params import StructuredOutput
-from fastmode.server.edge.errors import ApiError, clip
-from fastmode.server.params import Penalty, Seed, Temperature, TopK, TopP
+from fastmode.server.edge.errors import ApiError
+from fastmode.server.params import ApiSampling, Penalty, Seed, Speculative, Temperature, TopK, TopP
 from fastmode.server.reasoning import Effort, effort_switch
 from fastmode.server.tools.specs import ToolChoice, ToolSpec
 
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
-# An extension in every dialect: how to speculate for this request; None = the tier's default.
-Speculative = Literal["off", "ngram", "draft"]
 MAX_N = 16  # choices per request: each is a request in the engine
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 
@@ -198,25 +196,19 @@ class SamplingFields(_Strict):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
-    def logit_bias_pairs(self, vocab_size: int) -> tuple[tuple[int, float], ...]:
-        """logit_bias as (token id, bias) pairs; 400 for a key that is no token id or a bias out of range."""
-        pairs = []
-        for key, bias in (self.logit_bias or {}).items():
-            if not key.strip().isdigit() or not 0 <= int(key) < vocab_size:
-                raise ApiError(
-                    "invalid_request",
-                    f"logit_bias: {clip(repr(key))} is not a token id of this model "
-                    f"(the keys are token ids in [0, {vocab_size}), as strings)",
-                    param="logit_bias",
-                )
-            if not -100 <= bias <= 100:
-                raise ApiError(
-                    "invalid_request",
-                    f"logit_bias: the bias of token {key} is {bias}; biases are in [-100, 100]",
-                    param="logit_bias",
-                )
-            pairs.append((int(key), float(bias)))
-        return tuple(sorted(pairs))
+    def sampling(self) -> ApiSampling:
+        return ApiSampling(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=self.stop_list(),
+            ignore_eos=self.ignore_eos,
+            speculative=self.speculative,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=self.logit_bias,
+        )
 
     def _common_unsupported(self) -> list[tuple[str, bool]]:
         return [

@@ -17,8 +17,8 @@ from pydantic_core import PydanticCustomError
 
 from fastmode.sampling_params import StructuredOutput
 from fastmode.server.edge.errors import ApiError
-from fastmode.server.openai.models import ServiceTier, Speculative
-from fastmode.server.params import Seed, Temperature, TopP
+from fastmode.server.openai.models import ServiceTier
+from fastmode.server.params import ApiSampling, Seed, Speculative, Temperature, TopP
 from fastmode.server.reasoning import Effort, effort_switch
 from fastmode.server.responses.conversation import Message
 from fastmode.server.responses.input_items import InputItem, input_messages
@@ -171,6 +171,9 @@ class ResponseRequest(_Strict):
         if isinstance(self.tool_choice, NamedFunction):
             return "named"
         return self.tool_choice or ("auto" if self.tools else "none")
+
+    def sampling(self) -> ApiSampling:
+        return ApiSampling(temperature=self.temperature, top_p=self.top_p, seed=self.seed, speculative=self.speculative)
 
     @property
     def logprobs(self) -> int | None:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from fastmode.sampling_params import StructuredOutput
 from fastmode.server.edge.errors import ApiError, clip
-from fastmode.server.generation import Job, check_structured, make_params, resolve_max_tokens
+from fastmode.server.generation import Job, check_structured, resolve_max_tokens
 from fastmode.server.openai.api import tier_choice
+from fastmode.server.params import sampling_params
 from fastmode.server.reasoning import is_thinking_model, prompt_opens_thinking, with_thinking
 from fastmode.server.responses.conversation import Message, Turn, build_prompt
 from fastmode.server.responses.events import new_id
@@ -129,13 +130,10 @@ async def prepare_turn(
     except ApiError as e:
         e.param = "input" if e.param == "messages" else e.param  # the prompt's field in this API
         raise
-    params = make_params(
-        model,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        seed=body.seed,
+    params = sampling_params(
+        body.sampling(),
         max_tokens=max_tokens,
-        speculative=body.speculative,
+        vocab_size=model.tokenizer.vocab_size,
         structured=structured if generate else None,
         logprobs=body.logprobs if generate else None,
     )
