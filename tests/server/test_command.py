@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fastmode.cli import build_parser
-from fastmode.commands.flags import pick as _pick
 from fastmode.engine.config import EngineConfig
+from fastmode.flags import pick as _pick
 from fastmode.server.config import ServerConfig
 from tests.server.conftest import export_spark
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastmode.commands.flags import add_dataclass_args
+from fastmode.flags import add_dataclass_args
 
 DEFAULT_NUM_REQUESTS = 100
 

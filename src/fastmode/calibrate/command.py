@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastmode.commands.flags import add_dataclass_args
+from fastmode.flags import add_dataclass_args
 
 
 def _split(text: str) -> int | None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastmode.commands.flags import add_dataclass_args, pick
 from fastmode.engine.config import LoadConfig
 from fastmode.engine.tiers import Tier
+from fastmode.flags import add_dataclass_args, pick
 from fastmode.sampling_params import SamplingParams
 
 

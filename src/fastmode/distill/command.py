@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastmode.commands.flags import add_dataclass_args
 from fastmode.distill.defaults import DEFAULT_MIX
+from fastmode.flags import add_dataclass_args
 
 
 def _parse_mix(text: str) -> dict[str, float]:

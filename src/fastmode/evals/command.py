@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastmode.commands.flags import add_dataclass_args
 from fastmode.engine.config import CacheConfig, LoadConfig
 from fastmode.evals.agent.command import AgentOptions
+from fastmode.flags import add_dataclass_args
 
 SPECULATIVE_CHOICES = ("off", "ngram", "draft")
 # The engine speculates only while few sequences decode together (its

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastmode.commands.flags import add_dataclass_args
+from fastmode.flags import add_dataclass_args
 from fastmode.planner.chain import Mode
 
 

@@ -50,8 +50,8 @@ def _local_cpus(spec, engine_kwargs) -> int:
 
 
 def run_on_ray(args: argparse.Namespace) -> int:
-    from fastmode.commands.flags import pick
     from fastmode.engine.config import EngineConfig
+    from fastmode.flags import pick
     from fastmode.ray.pools import parse_pools
     from fastmode.server.config import ServerConfig, api_key_from_env
 

@@ -104,7 +104,7 @@ def app_builder(args: Mapping[str, Any]) -> Application:
     values; booleans as true or false."""
     import argparse
 
-    from fastmode.commands.flags import add_dataclass_args, pick
+    from fastmode.flags import add_dataclass_args, pick
 
     args = dict(args)
     pools = str(args.pop("pools", "standard=1,fast=1"))

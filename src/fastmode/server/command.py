@@ -2,7 +2,7 @@
 
 Every engine flag is generated from a field of one of `EngineConfig`'s parts
 (under its flat name, see engine/config.py) and every server flag from a
-`ServerConfig` field (commands/flags.py), so a new config field is a new flag
+`ServerConfig` field (fastmode/flags.py), so a new config field is a new flag
 without touching this file.
 
 Serving the default model also serves its Spark student under its own name
@@ -17,8 +17,8 @@ import dataclasses
 import sys
 from typing import TYPE_CHECKING
 
-from fastmode.commands.flags import add_dataclass_args
-from fastmode.commands.flags import pick as _pick
+from fastmode.flags import add_dataclass_args
+from fastmode.flags import pick as _pick
 
 if TYPE_CHECKING:  # imported lazily at run time: they pull in torch, and `fastmode --help` should not wait
     from fastmode.engine.config import EngineConfig

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastmode.commands.flags import add_dataclass_args
+from fastmode.flags import add_dataclass_args
 from fastmode.planner.catalog import hardware_names, model_names
 from fastmode.planner.weight_format import FORMATS, format_from_calibration
 

@@ -1,4 +1,4 @@
-"""commands/flags.py: the flags it generates from a dataclass parse to that dataclass's values."""
+"""fastmode/flags.py: the flags it generates from a dataclass parse to that dataclass's values."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fastmode.commands.flags import add_dataclass_args, pick
+from fastmode.flags import add_dataclass_args, pick
 
 
 def _even(text: str) -> int:
