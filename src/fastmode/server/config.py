@@ -10,12 +10,26 @@ listens on loopback only.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass
 
 from fastmode.engine.tiers import Tier
 
 API_KEY_ENV = "FASTMODE_API_KEY"
+
+_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a host name or address (without port or brackets) is this machine's loopback."""
+    host = host.strip().lower().rstrip(".")
+    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def api_key_from_env(flag_value: str | None, key_file: str | None = None) -> str | None:
@@ -93,8 +107,6 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        from fastmode.server.edge.origin import is_loopback  # origin.py reads this config
-
         if self.api_key is None and not is_loopback(self.host):
             raise ValueError(
                 f"without an API key the server listens on loopback only, not {self.host}: "

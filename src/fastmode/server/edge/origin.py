@@ -16,26 +16,12 @@ CORS middleware).
 
 from __future__ import annotations
 
-import ipaddress
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fastmode.server.config import ServerConfig
+from fastmode.server.config import ServerConfig, is_loopback
 from fastmode.server.edge.errors import ApiError, clip, dialect_of
-
-_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a host name or address (without port or brackets) is this machine's loopback."""
-    host = host.strip().lower().rstrip(".")
-    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _host_name(host_header: str) -> str:
