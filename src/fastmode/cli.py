@@ -19,7 +19,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("plan", "fastmode.planner.command"),
     ("chain", "fastmode.planner.chain_command"),
     ("eval", "fastmode.evals.command"),
-    ("serve", "fastmode.server.command"),
+    ("serve", "fastmode.commands.serve"),
     ("calibrate", "fastmode.calibrate.command"),
     ("simulate", "fastmode.sim.command"),
     ("distill", "fastmode.distill.command"),

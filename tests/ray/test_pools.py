@@ -22,7 +22,7 @@ from fastmode.server.metrics import ServerMetrics
 
 def test_single_machine_server_and_the_ray_package_do_not_import_ray():
     code = (
-        "import sys; import fastmode.server.app, fastmode.server.command, fastmode.cli, fastmode.ray, "
+        "import sys; import fastmode.server.app, fastmode.commands.serve, fastmode.cli, fastmode.ray, "
         "fastmode.ray.pools, fastmode.ray.admission, fastmode.ray.command; "
         "assert 'ray' not in sys.modules, 'ray imported'"
     )
@@ -165,7 +165,7 @@ def test_fastmode_plan_writes_a_pools_spec_and_serve_takes_it(tmp_path, capsys):
 def test_serve_takes_the_ray_flags_and_refuses_pools_without_ray():
     import argparse
 
-    from fastmode.server import command
+    from fastmode.commands import serve as command
 
     root = argparse.ArgumentParser()
     command.register(root.add_subparsers())

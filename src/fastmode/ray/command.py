@@ -1,6 +1,6 @@
 """`fastmode serve --ray --pools standard=2,fast=1,spark=1`: the pools on Ray Serve from the command line.
 
-The flags are added to `fastmode serve` (server/command.py) by `add_ray_args`,
+The flags are added to `fastmode serve` (commands/serve.py) by `add_ray_args`,
 which imports nothing of Ray; `run_on_ray` runs only when --ray is given. With
 no `--ray-address` (and no RAY_ADDRESS in the environment) it starts a local
 Ray instance; with one, it joins that cluster. The ingress is served by Ray

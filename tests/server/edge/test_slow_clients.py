@@ -206,7 +206,7 @@ def test_responses_and_websockets_that_outlast_the_limits_are_not_cut(server):
 def test_the_timeouts_are_serve_flags():
     import argparse
 
-    from fastmode.server.command import register
+    from fastmode.commands.serve import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())

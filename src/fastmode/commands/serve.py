@@ -1,4 +1,5 @@
-"""`fastmode serve`: the server on the command line.
+"""`fastmode serve`: the server on the command line, on one machine or (`--ray`) as tier pools
+on Ray Serve. It lives with the commands, above both `server/` and `ray/`, which it composes.
 
 Every engine flag is generated from a field of one of `EngineConfig`'s parts
 (under its flat name, see engine/config.py) and every server flag from a

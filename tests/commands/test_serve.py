@@ -8,7 +8,7 @@ from fastmode.cli import build_parser
 from fastmode.engine.config import EngineConfig
 from fastmode.flags import pick as _pick
 from fastmode.server.config import ServerConfig
-from tests.server.conftest import export_spark
+from tests.server.conftest import export_spark, tiny_loaded, tiny_spark  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +125,8 @@ def test_spark_engine_serves_the_default_models_spark_when_present(
 ):
     import fastmode.distill.spark as spark
     import fastmode.loader.default_model as default_model
+    from fastmode.commands.serve import spark_engine
     from fastmode.engine.llm_engine import LLMEngine
-    from fastmode.server.command import spark_engine
 
     config = EngineConfig(
         model=str(tiny_loaded.path), dtype="float32", kv_cache_gib=0.01, num_threads=1, draft_model=None
