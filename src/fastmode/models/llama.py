@@ -455,7 +455,7 @@ def _decode_pack(model: LlamaModel) -> tuple | tuple[()]:
             if not all(isinstance(b, QuantLinear) and b.bias is None for b in blocks):
                 return ()
             weights += [b.qweight for b in blocks]
-            qtypes += [b.qtype for b in blocks]
+            qtypes += [b.kernel_qtype for b in blocks]
             parts.append(len(blocks))
             int8 |= {b.int8_activations for b in blocks}
     if len(int8) != 1:

@@ -78,6 +78,13 @@ class QuantTensor:
         return QuantTensor(torch.cat([p.data for p in parts]), parts[0].qtype, (rows, parts[0].shape[1]))
 
 
+# Types whose int8-activation matmul runs on a repacked layout (eight output rows interleaved per
+# block, `pack_weight` in kernels/csrc/packed_int8.cpp), and the offset that marks a type id as
+# "packed" for the kernels.
+PACKABLE = (2, 3, 8)
+PACKED = 100
+
+
 def _ops():
     from fastmode.kernels import ops
 
@@ -90,24 +97,55 @@ def _ops():
 class QuantLinear(nn.Module):
     """y = x W^T (+ b) with W in ggml blocks; x is fp32, y is fp32.
 
-    The kernel dequantizes each weight block in registers and multiplies the
-    fp32 activations; with `int8_activations` it instead quantizes each
-    32-value block of x to int8 on the fly (llama.cpp's arithmetic).
+    With fp32 activations the kernel dequantizes each weight block in registers and multiplies
+    the activations exactly. With `int8_activations` it quantizes each 32-value block of x to
+    int8 and takes integer dot products; Q4_0, Q4_1 and Q8_0 weights (with a multiple of 8
+    rows) are then kept repacked eight rows at a time (`qweight` holds that layout and
+    `kernel_qtype` says so), the same bytes in another order; `weight()` gives the file's blocks.
     """
 
     def __init__(self, weight: QuantTensor, bias: torch.Tensor | None = None, int8_activations: bool = False):
         super().__init__()
-        self.int8_activations = int8_activations
         self.out_features, self.in_features = weight.shape
         self.qtype = weight.qtype
         self.register_buffer("qweight", weight.data, persistent=False)
+        self.packed = False
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
         self._k = _ops()
+        self._int8 = False
+        self.int8_activations = int8_activations
+
+    @property
+    def int8_activations(self) -> bool:
+        return self._int8
+
+    @int8_activations.setter
+    def int8_activations(self, on: bool) -> None:
+        self._int8 = bool(on)
+        pack = self._int8 and self.qtype in PACKABLE and self.out_features % 8 == 0
+        if pack and not self.packed:
+            self.qweight = self._k.pack_weight(self.qweight, self.qtype, self.in_features)
+        elif self.packed and not pack:
+            self.qweight = self._k.unpack_weight(self.qweight, self.qtype, self.in_features)
+        self.packed = pack
+        tied = self.__dict__.get("_tied_embedding")
+        if tied is not None:  # the tied input embedding reads the same (re)packed table: one copy
+            tied.qweight, tied.packed = self.qweight, self.packed
+
+    @property
+    def kernel_qtype(self) -> int:
+        """The type id the kernels are given for `qweight`: the ggml type, plus PACKED when repacked."""
+        return self.qtype + PACKED if self.packed else self.qtype
+
+    def weight(self) -> QuantTensor:
+        """The weight in the file's block layout (a copy when `qweight` is repacked)."""
+        data = self._k.unpack_weight(self.qweight, self.qtype, self.in_features) if self.packed else self.qweight
+        return QuantTensor(data, self.qtype, (self.out_features, self.in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         y = self._k.quant_matmul(
-            x.reshape(-1, self.in_features).float(), self.qweight, self.qtype, self.int8_activations
+            x.reshape(-1, self.in_features).float(), self.qweight, self.kernel_qtype, self.int8_activations
         )
         if self.bias is not None:
             y = y + self.bias
@@ -152,19 +190,22 @@ class QuantEmbedding(nn.Module):
         self.num_embeddings, self.embedding_dim = weight.shape
         self.qtype = weight.qtype
         self.register_buffer("qweight", weight.data, persistent=False)
+        self.packed = False  # set by the tied head (as_linear) when it repacks the table
         self._k = _ops()
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)
         if flat.numel() == 0:  # the kernel reads an empty row list as "every row"
             return torch.empty(*ids.shape, self.embedding_dim)
-        return self._k.quant_dequantize(self.qweight, self.qtype, self.embedding_dim, flat).reshape(
-            *ids.shape, self.embedding_dim
-        )
+        lookup = self._k.packed_dequantize if self.packed else self._k.quant_dequantize
+        return lookup(self.qweight, self.qtype, self.embedding_dim, flat).reshape(*ids.shape, self.embedding_dim)
 
     def as_linear(self) -> QuantLinear:
-        """The tied output head: the same blocks, no copy."""
-        return QuantLinear(QuantTensor(self.qweight, self.qtype, (self.num_embeddings, self.embedding_dim)))
+        """The tied output head: the same blocks, no copy (if the head repacks them, this
+        embedding looks rows up in the packed table)."""
+        head = QuantLinear(QuantTensor(self.qweight, self.qtype, (self.num_embeddings, self.embedding_dim)))
+        object.__setattr__(head, "_tied_embedding", self)  # not a submodule: the embedding is the model's
+        return head
 
 
 def quantize_layers(model: nn.Module, qtype: int = GGML_TYPES["Q8_0"], int8_activations: bool = False) -> None:

@@ -3,6 +3,11 @@
 
 torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, bool int8_activations);
 torch::Tensor quant_dequantize(torch::Tensor w, int64_t qtype, int64_t k, torch::Tensor rows);
+torch::Tensor pack_weight(torch::Tensor w, int64_t qtype, int64_t k);
+torch::Tensor unpack_weight(torch::Tensor p, int64_t qtype, int64_t k);
+torch::Tensor packed_matmul(torch::Tensor x, torch::Tensor p, int64_t qtype);
+torch::Tensor packed_matmul_reference(torch::Tensor x, torch::Tensor p, int64_t qtype);
+torch::Tensor packed_dequantize(torch::Tensor p, int64_t qtype, int64_t k, torch::Tensor rows);
 bool has_avx2();
 std::string isa();
 std::string int8_dot();
@@ -30,6 +35,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using nogil = py::call_guard<py::gil_scoped_release>;
   m.def("quant_matmul", &quant_matmul, "x (M,K) fp32 @ W^T, W in ggml blocks (N, row_bytes) uint8 -> (M,N) fp32; optionally int8 activations", nogil());
   m.def("quant_dequantize", &quant_dequantize, "rows of a ggml-block weight -> fp32 (all rows if `rows` is empty)", nogil());
+  m.def("pack_weight", &pack_weight, "Q4_0/Q4_1/Q8_0 blocks (N, row_bytes) -> eight-row interleaved records (packed_int8.cpp)", nogil());
+  m.def("unpack_weight", &unpack_weight, "packed records -> the file's blocks, exactly", nogil());
+  m.def("packed_matmul", &packed_matmul, "x (M,K) fp32 @ packed W^T -> (M,N) fp32 with int8 activations", nogil());
+  m.def("packed_matmul_reference", &packed_matmul_reference, "packed_matmul through the portable loop: the bit-exact reference", nogil());
+  m.def("packed_dequantize", &packed_dequantize, "rows of a packed weight -> fp32 (embedding lookups)", nogil());
   m.def("paged_decode_attention", &paged_decode_attention, "one query per sequence over a paged KV cache, fp32", nogil());
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, fp32", nogil());
   m.def("silu_mul", &silu_mul, "silu(gate) * up for x = [gate | up], fp32", nogil());

@@ -44,6 +44,10 @@
 #define FM_AVX512 0
 #endif
 
+// packed_int8.cpp: int8 activations against weights repacked eight rows at a time.
+torch::Tensor packed_matmul(torch::Tensor x, torch::Tensor p, int64_t qtype);
+constexpr int64_t kPacked = 100;  // added to a ggml type id: "this weight is packed" (fastmode.models.quant_linear)
+
 // amx_matmul.cpp: the fp32-activation path on AMX tiles, where built and granted.
 bool amx_matmul(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, int64_t qtype,
                 float* op);
@@ -945,6 +949,9 @@ inline void dequant_row(const uint8_t* wrow, int64_t k, float* o) {
 // int8_activations: quantize x per 32-value block to int8 (llama.cpp's
 // arithmetic) instead of multiplying the fp32 values.
 torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor w, int64_t qtype, bool int8_activations) {
+  // A weight repacked by pack_weight (packed_int8.cpp) is named by its type plus kPacked; it always
+  // takes int8 activations.
+  if (qtype >= kPacked) return packed_matmul(x, w, qtype - kPacked);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "fastmode kernels: x must be 2-D fp32");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_weight(w, qtype, K);
