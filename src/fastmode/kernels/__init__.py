@@ -167,7 +167,7 @@ def _build_dir(sources: list[Path], flags: list[str]) -> Path:
     from fastmode.env import cache_dir
 
     h = hashlib.sha1()
-    for src in sources:
+    for src in sorted({*sources, *_CSRC.glob("*.h")}):  # headers too: a change to one is a new build
         h.update(src.read_bytes())
     h.update(f"{torch.__version__}|{' '.join(flags)}|{platform.python_version()}".encode())
     root = cache_dir() or Path(os.environ.get("TMPDIR", "/tmp")) / "fastmode-kernels"
