@@ -14,7 +14,9 @@ vLLM:
 - When a waiting fast request finds every resident slot taken (`max_num_seqs` binding), the
   least important paused resident (flex before standard, later arrival first) is preempted to
   make room; vLLM's own scheduler never preempts to admit.
-- Without fast work the step is vLLM's own, in importance order (tier, then priority and arrival).
+- Without fast work the step is vLLM's own. (The scheduler orders vLLM's running list by
+  importance, tier then priority and arrival, where flex requests or vLLM's priority policy make
+  that order matter: vLLM preempts the last of that list first.)
 """
 
 from __future__ import annotations
@@ -86,10 +88,14 @@ class Resident:
     last_scheduled_step: int  # the last step it was in; -1 before its first
 
 
-def importance_key(r: Resident, by_priority: bool) -> tuple:
+def importance_key(tier: Tier, priority: int, arrival_time_s: float, by_priority: bool) -> tuple:
     """Smaller is more important: tier, then (if the operator chose vLLM's priority policy) priority,
-    then arrival. The waiting queue and the victim order both use it."""
-    return (r.tier.rank, r.priority if by_priority else 0, r.arrival_time_s)
+    then arrival. The waiting queue, the order of the running list and the victim order all use it."""
+    return (tier.rank, priority if by_priority else 0, arrival_time_s)
+
+
+def _importance(r: Resident, by_priority: bool) -> tuple:
+    return importance_key(r.tier, r.priority, r.arrival_time_s, by_priority)
 
 
 @dataclass
@@ -119,7 +125,7 @@ def plan_step(
     n = len(residents)
     lane_active = num_fast_waiting > 0 or any(r.tier is Tier.FAST for r in residents)
     if not lane_active:
-        order = sorted(range(n), key=lambda i: importance_key(residents[i], by_priority))
+        order = sorted(range(n), key=lambda i: _importance(residents[i], by_priority))
         return LanePlan(False, step=order, num_admit=max(0, max_num_seqs - n))
 
     num_fast = sum(r.tier is Tier.FAST for r in residents)
@@ -136,7 +142,7 @@ def plan_step(
 
     # Least important first: the lowest tier, then the latest (by priority, then arrival).
     lower = [i for i in plan.paused if residents[i].tier is not Tier.FAST]
-    lower.sort(key=lambda i: importance_key(residents[i], by_priority), reverse=True)
+    lower.sort(key=lambda i: _importance(residents[i], by_priority), reverse=True)
     # A waiting fast request must not wait for a resident slot behind paused lower-tier work.
     num_short = max(0, reserve - max(0, max_num_seqs - n))
     plan.evict = lower[:num_short]

@@ -16,6 +16,7 @@ from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.request import Request
 
 from fastmode.engine.tiers import Tier
+from fastmode.vllm.lane import importance_key
 
 
 class TierRequestQueue(RequestQueue):
@@ -30,8 +31,8 @@ class TierRequestQueue(RequestQueue):
         self._num_fast = 0  # asked every step
 
     def _key(self, request: Request) -> tuple:
-        tier = self._tier_of(request)
-        return (tier.rank, request.priority if self._by_priority else 0, request.arrival_time, next(self._count))
+        key = importance_key(self._tier_of(request), request.priority, request.arrival_time, self._by_priority)
+        return (*key, next(self._count))
 
     def num_fast(self) -> int:
         return self._num_fast

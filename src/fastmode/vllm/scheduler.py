@@ -36,7 +36,7 @@ from vllm.v1.request import Request
 
 from fastmode.engine.tiers import Tier
 from fastmode.vllm.compat import check_vllm_version
-from fastmode.vllm.lane import LaneConfig, Resident, classify, plan_step
+from fastmode.vllm.lane import LaneConfig, Resident, classify, importance_key, plan_step
 from fastmode.vllm.queue import TierRequestQueue
 
 check_vllm_version(vllm.__version__)  # at import: `--scheduler-cls` fails at start-up, not mid-request
@@ -114,21 +114,33 @@ class FastLaneScheduler(Scheduler):
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         self._forget_finished()
         running = self.running
-        residents = [
-            Resident(self.tier_of(r), r.priority, r.arrival_time, self._last_step.get(r.request_id, -1))
-            for r in running
-        ]
+        tiers = [self.tier_of(r) for r in running]
         num_fast_waiting = self.waiting.num_fast() + self.kv_holding_waiting.num_fast()
+        if num_fast_waiting == 0 and Tier.FAST not in tiers:
+            self._note_lane(False, running, num_fast_waiting)
+            if self._by_priority or Tier.FLEX in tiers:
+                # vLLM preempts the last of `running`: make that the least important. With standard
+                # requests under FCFS, vLLM's own order (admission) stands: the step is stock vLLM's.
+                by = self._by_priority
+                order = sorted(
+                    range(len(running)),
+                    key=lambda i: importance_key(tiers[i], running[i].priority, running[i].arrival_time, by),
+                )
+                self.running = [running[i] for i in order]
+            out = super().schedule(throttle_prefills)
+            self._note_scheduled(out)
+            return out
+
+        residents = [
+            Resident(tier, r.priority, r.arrival_time, self._last_step.get(r.request_id, -1))
+            for r, tier in zip(running, tiers)
+        ]
         streaming = self.num_waiting_for_streaming_input  # sessions between turns hold a slot too
         cap = self.max_num_active_reqs
         plan = plan_step(
             residents, num_fast_waiting, self.lane_config.lane_max_batch, cap - streaming, self._by_priority
         )
-        if not plan.lane_active:
-            self.running = [running[i] for i in plan.step]
-            out = super().schedule(throttle_prefills)
-            self._note_scheduled(out)
-            return out
+        self._note_lane(True, running, num_fast_waiting)
 
         step = [running[i] for i in plan.step]
         paused = [running[i] for i in plan.paused]
@@ -156,6 +168,17 @@ class FastLaneScheduler(Scheduler):
             self.running = self.running + paused  # vLLM's step may have preempted or admitted some
         self._note_scheduled(out)
         return out
+
+    def _note_lane(self, active: bool, running: list[Request], num_fast_waiting: int) -> None:
+        if active != self._lane_open:
+            self._lane_open = active
+            logger.debug(
+                "fast lane %s at step %d: %d resident, %d fast waiting",
+                "opened" if active else "closed",
+                self.current_step + 1,
+                len(running),
+                num_fast_waiting,
+            )
 
     def _fast_waiting(self):
         return itertools.chain(self.kv_holding_waiting.iter_fast(), self.waiting.iter_fast())
