@@ -41,7 +41,9 @@ from fastmode.vllm.queue import TierRequestQueue
 
 check_vllm_version(vllm.__version__)  # at import: `--scheduler-cls` fails at start-up, not mid-request
 
-logger = init_logger(__name__)
+# Under vLLM's logger tree: vLLM gives handlers (its format, VLLM_LOGGING_LEVEL) to "vllm" and its
+# children only, so a logger named after this module would print nothing below WARNING.
+logger = init_logger("vllm.plugins.fastmode")
 
 
 class FastLaneScheduler(Scheduler):
