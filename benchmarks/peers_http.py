@@ -1,4 +1,5 @@
-"""Peers end to end over HTTP: llama.cpp's llama-server and `fastmode serve`, same GGUF, same load.
+"""Peers end to end over HTTP: llama.cpp's llama-server, `fastmode serve` and (where installed) vLLM's
+OpenAI server, same model, same load.
 
 Two scenarios, both driven by the project's load generator (`fastmode bench`,
 closed loop, streaming, greedy, ignore_eos so every answer runs to
@@ -14,7 +15,11 @@ both servers get the very same requests):
    ratio. Each round's ratio is printed too. No service_tier is sent:
    llama-server has no tiers and fastmode serves an absent tier as standard.
    llama-server: `-m MODEL -np C -cb -c C*CTX_PER_SLOT -t T -tb T`;
-   fastmode: `fastmode serve --model MODEL --num-threads T`, otherwise default.
+   fastmode: `fastmode serve --model MODEL --num-threads T`, otherwise default;
+   vLLM (when --vllm-python or $FASTMODE_VLLM_PYTHON names a python with vllm, its CPU build on a
+   CPU): `python -m vllm.entrypoints.openai.api_server` on an HF export of MODEL
+   (fastmode.vllm.export), `--max-num-seqs C`, its best precision here (benchmarks/peers.py
+   vllm_dtype), eager on a CPU, its worker bound to T cores.
 2. fast-tier (fastmode only): --concurrency standard clients keep the server
    saturated (`--tier-mix standard=1`, for --fast-tier-duration-s) and, after a
    lead-in, --fast-clients fast clients (`--tier-mix fast=1`, service_tier
@@ -49,9 +54,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.peers import DEFAULT_LLAMA_CPP_DIR, default_model, find_binary, gguf_info  # noqa: E402
+from benchmarks.peers import (  # noqa: E402
+    DEFAULT_LLAMA_CPP_DIR,
+    default_model,
+    find_binary,
+    gguf_info,
+    resolve_vllm_python,
+    vllm_dtype,
+)
 
-SCENARIOS = ("llama-server", "fastmode", "fast-tier")
+SCENARIOS = ("llama-server", "fastmode", "vllm", "fast-tier")
 
 
 # ---------------------------------------------------------------- reading `fastmode bench --json`
@@ -112,6 +124,7 @@ class Server:
 
     def __init__(self, name: str, cmd: list[str], port: int, log_path: Path):
         self.name, self.cmd, self.port, self.log_path = name, cmd, port, log_path
+        self.env: dict | None = None  # None: this process's environment
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -126,7 +139,9 @@ class Server:
         log = open(self.log_path, "w")
         print(f"   $ {' '.join(self.cmd)}", flush=True)
         t = time.perf_counter()
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
+        )
         while time.perf_counter() - t < timeout_s:
             if self.proc.poll() is not None:
                 raise RuntimeError(
@@ -234,6 +249,44 @@ def fastmode_server(args: argparse.Namespace, model: str, logs: Path) -> Server:
         "warning",
     ]
     return Server("fastmode", cmd, args.fastmode_port, logs / "fastmode.log")
+
+
+def vllm_export(vllm_python: str, model: str) -> str:
+    """The HF export of `model` that vLLM loads, made (or found in the cache) by vLLM's own python."""
+    code = "import sys; from fastmode.vllm.export import export_hf_dir; print(export_hf_dir(sys.argv[1]))"
+    p = subprocess.run([vllm_python, "-c", code, model], capture_output=True, text=True, timeout=3600)
+    if p.returncode != 0:
+        raise RuntimeError(f"exporting {model} for vLLM failed: {p.stderr[-2000:]}")
+    return p.stdout.strip().splitlines()[-1]
+
+
+def vllm_server(args: argparse.Namespace, export_dir: str, dtype: str, logs: Path) -> Server:
+    cmd = [
+        args.vllm_python_resolved,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        export_dir,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.vllm_port),
+        "--dtype",
+        dtype,
+        "--max-num-seqs",
+        str(args.concurrency),
+        "--max-model-len",
+        str(args.ctx_per_slot),
+        "--kv-cache-memory-bytes",
+        str(1 << 30),
+        "--seed",
+        "0",
+    ]
+    if not args.cuda:
+        cmd.append("--enforce-eager")
+    server = Server("vllm", cmd, args.vllm_port, logs / "vllm.log")
+    server.env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{args.threads - 1}")
+    return server
 
 
 # ---------------------------------------------------------------- the load generator
@@ -475,7 +528,7 @@ def print_tables(res: dict, args: argparse.Namespace) -> None:
         )
     _print_rows(header, rows)
     per_round = {p["server"]: [r["summary"]["output_tok_s"] for r in p.get("rounds", [])] for p in peers}
-    if len(per_round) == 2 and min(len(v) for v in per_round.values()) > 1:
+    if {"llama-server", "fastmode"} <= per_round.keys() and min(len(v) for v in per_round.values()) > 1:
         ratios = [
             f"{f / ll:.2f}x" if f and ll else "-" for ll, f in zip(per_round["llama-server"], per_round["fastmode"])
         ]
@@ -575,6 +628,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--llama-port", type=int, default=8181)
     p.add_argument("--fastmode-port", type=int, default=8182)
+    p.add_argument("--vllm-port", type=int, default=8183)
+    p.add_argument(
+        "--vllm-python",
+        default=os.environ.get("FASTMODE_VLLM_PYTHON"),
+        help="the python of a venv with vllm (default: $FASTMODE_VLLM_PYTHON, else this one if it has vllm)",
+    )
+    p.add_argument("--vllm-dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
     p.add_argument("--timeout-s", type=float, default=3600.0, help="limit on each bench run")
     p.add_argument("--out", default=str(ROOT / "runs" / "peers" / "peers_http.json"))
@@ -648,8 +708,26 @@ def main(argv: list[str] | None = None) -> int:
         ),
         ("fastmode", fastmode_precision, lambda: fastmode_server(args, model, logs)),
     ]
+    args.vllm_python_resolved = None if "vllm" in skip else resolve_vllm_python(args.vllm_python)
+    args.cuda = False
+    if args.vllm_python_resolved:
+        try:
+            import torch
+
+            args.cuda = torch.cuda.is_available()
+        except ImportError:
+            pass
+        dtype = vllm_dtype(args.vllm_dtype, args.cuda)
+        try:
+            export_dir = vllm_export(args.vllm_python_resolved, model)
+            precision = f"{dtype} (HF export, dequantized from {info['quant']}){'' if args.cuda else ', eager'}"
+            plan.append(("vllm", precision, lambda: vllm_server(args, export_dir, dtype, logs)))
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            res["skipped"]["vllm"] = f"failed: {e}"
+    elif "vllm" not in skip:
+        res["skipped"]["vllm"] = "not installed here (pass --vllm-python VENV/bin/python or set FASTMODE_VLLM_PYTHON)"
     plan = [x for x in plan if x[0] not in skip]
-    res["skipped"].update({name: "--skip" for name in ("llama-server", "fastmode") if name in skip})
+    res["skipped"].update({name: "--skip" for name in ("llama-server", "fastmode", "vllm") if name in skip})
     rounds: dict[str, list[dict]] = {name: [] for name, _, _ in plan}
     for rnd in range(args.rounds):
         for name, _, make in plan if rnd % 2 == 0 else plan[::-1]:

@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("llm", "__init__"),
     ("planner", "sim", "calibrate", "evals", "distill"),  # tools over the engine and the in-process API
     ("server",),
-    ("ray", "bench"),  # the server scaled out; a load generator for any server
+    ("ray", "bench", "vllm"),  # the server scaled out; a load generator for any server; the lane inside vLLM
     ("commands", "cli"),
 ]
 

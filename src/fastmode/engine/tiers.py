@@ -25,3 +25,8 @@ class Tier(str, Enum):
 
 
 _RANK = {Tier.FAST: 0, Tier.STANDARD: 1, Tier.FLEX: 2}
+
+# OpenAI `service_tier` values with a fixed tier. "auto" is absent on purpose: what it gets depends on
+# who serves it (fastmode's server admits it to the fast lane when there is room; the vLLM scheduler
+# plugin serves it by its vLLM priority). "scale" is OpenAI's, and not offered here.
+OPENAI_SERVICE_TIERS = {"priority": Tier.FAST, "fast": Tier.FAST, "default": Tier.STANDARD, "flex": Tier.FLEX}
